@@ -1,0 +1,174 @@
+"""`tensortune bench kernels`: the best config found per shape beside NumPy (OpenBLAS), PyTorch CPU and
+the peak FMA rate, all measured in this run, at 1 thread and at all cores.
+
+The search here is the template's fallback, a random sample of the space, then greedy descent
+over one-knob neighbours of the best so far: no cost model (that is the tuner's job), just
+enough to show what the template can express.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from threadpoolctl import threadpool_info, threadpool_limits
+
+from search_space import Config, Target, Workload, batch_matmul, dense, fallback_config, get_space, matmul
+from workers import build
+from workers.timing import time_samples
+
+from .peak import peak_gflops
+
+SHAPES = [
+    matmul(1024, 1024, 1024), matmul(512, 512, 512),
+    dense(128, 768, 768), dense(128, 3072, 768), dense(128, 768, 3072),
+    batch_matmul(12, 128, 128, 64), batch_matmul(12, 128, 64, 128),
+]
+
+
+@dataclass
+class Measured:
+    config: Config
+    seconds: float
+    compile_seconds: float
+
+
+def kernel_call(workload: Workload, target: Target, config: Config, inputs):
+    """A zero-argument call of the kernel; dense weights are bound (pre-packed) as in inference."""
+    kernel = build(workload, target, config)
+    out = np.empty(workload.output_shape, workload.dtype)
+    if workload.op == "dense":
+        bound = kernel.bind(**{b.name: a for b, a in zip(kernel.inputs[1:], inputs[1:])})
+        return kernel, lambda: bound(inputs[0], out=out), out
+    return kernel, lambda: kernel(*inputs, out=out), out
+
+
+def measure(workload: Workload, target: Target, config: Config, inputs, expected, min_repeat_ms: float) -> Measured:
+    kernel, call, out = kernel_call(workload, target, config, inputs)
+    call()
+    error = workload.max_error(out, expected)
+    if error > 1:
+        raise AssertionError(f"config {config.index} of {workload.key} computes a wrong result ({error:.1f}x tolerance)")
+    return Measured(config, float(np.median(time_samples(call, repeat=3, min_repeat_ms=min_repeat_ms))),
+                    kernel.compile_seconds)
+
+
+def search(workload: Workload, target: Target, trials: int, seed: int, min_repeat_ms: float) -> tuple[Measured, int]:
+    """Fallback + random third of the budget, then greedy one-knob descent from the best."""
+    space, rng = get_space(workload, target), random.Random(seed)
+    inputs = workload.random_inputs()
+    expected = workload.reference(*inputs)
+    seen: set[int] = set()
+    best: Measured | None = None
+
+    def trial(config: Config) -> None:
+        nonlocal best
+        seen.add(config.index)
+        result = measure(workload, target, config, inputs, expected, min_repeat_ms)
+        if best is None or result.seconds < best.seconds:
+            best = result
+
+    trial(fallback_config(workload, target))
+    for config in space.sample(max(0, trials // 3 - 1), rng, exclude=seen):
+        trial(config)
+    while len(seen) < trials:
+        fresh = [c for c in space.neighbours(best.config) if c.index not in seen]
+        if not fresh:
+            break
+        incumbent = best
+        for config in rng.sample(fresh, min(len(fresh), trials - len(seen), 8)):
+            trial(config)
+        if best is incumbent and len(fresh) <= 8:
+            break
+    return best, len(seen)
+
+
+def reference_gflops(workload: Workload, threads: int, inputs) -> tuple[float, float | None]:
+    """NumPy and (when installed) PyTorch on the same inputs and thread count."""
+    with threadpool_limits(threads):
+        if workload.op == "dense":
+            x, w = inputs[:2]
+            numpy_call = lambda: np.matmul(x, w.T)
+        else:
+            numpy_call = lambda: np.matmul(*inputs)
+        numpy_seconds = float(np.median(time_samples(numpy_call, repeat=5, min_repeat_ms=50)))
+    torch_seconds = None
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        torch.set_num_threads(threads)
+        tensors = [torch.from_numpy(a) for a in inputs]
+        with torch.inference_mode():
+            if workload.op == "dense":
+                torch_call = lambda: torch.nn.functional.linear(tensors[0], tensors[1])
+            else:
+                torch_call = lambda: torch.matmul(*tensors)
+            torch_seconds = float(np.median(time_samples(torch_call, repeat=5, min_repeat_ms=50)))
+    gflops = lambda s: workload.flops / s / 1e9
+    return gflops(numpy_seconds), (gflops(torch_seconds) if torch_seconds else None)
+
+
+def blas_description() -> str:
+    info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    kernel = ", ".join(f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')})" for i in info)
+    env = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
+    return kernel + (f"; environment {env}" if env else "")
+
+
+def run(quick: bool = False, json_lines: bool = False, trials: int | None = None, only: str | None = None,
+        seed: int = 0) -> list[dict]:
+    trials = trials or (10 if quick else 60)
+    min_repeat_ms = 10.0 if quick else 30.0
+    host = Target.parse("llvm")
+    thread_counts = sorted({1, host.threads})
+    shapes = [w for w in SHAPES if not only or only in w.key]
+    if quick:
+        shapes = [w for w in shapes if w.key in {SHAPES[1].key, SHAPES[2].key, SHAPES[5].key}] or shapes
+    console = Console(stderr=json_lines)
+    console.print(f"BLAS: {blas_description()}")
+    rows = []
+    for threads in thread_counts:
+        target = Target.parse(f"llvm -threads={threads}")
+        peak = peak_gflops(target)
+        console.print(f"peak FMA rate, {threads} thread(s): {peak:.1f} GFLOPS")
+        for workload in shapes:
+            start = time.perf_counter()
+            best, tried = search(workload, target, trials, seed, min_repeat_ms)
+            numpy_gflops, torch_gflops = reference_gflops(workload, threads, workload.random_inputs())
+            gflops = workload.flops / best.seconds / 1e9
+            row = {
+                "workload": workload.key, "threads": threads, "gflops": round(gflops, 2),
+                "numpy_gflops": round(numpy_gflops, 2),
+                "torch_gflops": round(torch_gflops, 2) if torch_gflops else None,
+                "ratio": round(gflops / max(numpy_gflops, torch_gflops or 0), 3),
+                "peak_gflops": round(peak, 2), "peak_fraction": round(gflops / peak, 3),
+                "config": {"index": best.config.index, "knobs": best.config.to_dict()},
+                "compile_ms": round(best.compile_seconds * 1e3, 1), "candidates": tried,
+                "search_seconds": round(time.perf_counter() - start, 1), "target": str(target),
+            }
+            rows.append(row)
+            if json_lines:
+                print(json.dumps(row), flush=True)
+            else:
+                console.print(f"{workload.key} @ {threads}t: {gflops:.1f} GFLOPS, ratio {row['ratio']}")
+    if not json_lines:
+        print_table(rows)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    table = Table(title="tensortune kernels vs references (same run)")
+    for column in ("workload", "threads", "GFLOPS", "NumPy", "PyTorch", "ratio", "of peak", "config"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["workload"], str(r["threads"]), f"{r['gflops']:.1f}", f"{r['numpy_gflops']:.1f}",
+                      f"{r['torch_gflops']:.1f}" if r["torch_gflops"] else "-", f"{r['ratio']:.2f}",
+                      f"{r['peak_fraction']:.0%}", str(r["config"]["index"]))
+    Console().print(table)

@@ -1,0 +1,1 @@
+"""Tuning records in SQL: models, sessions, best-config queries, apply_history_best, log interop."""

@@ -1,0 +1,250 @@
+"""The lowered program: a target-neutral loop nest that a config of a template turns into.
+
+Loops have static extents and a kind (serial, parallel, vectorized, unrolled); buffers have
+a scope (input, output, packed scratch in memory, register accumulators); statements store
+a value built from loads, constants and a few arithmetic ops at an affine index. Tails are
+peeled by `tiled`, so every extent is a compile-time constant. Code generators (LLVM now,
+CUDA later) and the cost model's feature extractor read this object; `format_program`
+prints it as readable pseudo-code.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Union
+
+LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
+SCOPES = ("input", "output", "packed", "register")
+OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1}  # fma(a, b, c) = a*b + c
+
+
+@dataclass(frozen=True)
+class Affine:
+    """const + Σ coeff·var over named integer loop variables."""
+
+    terms: tuple[tuple[str, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def of(value: AffineLike) -> Affine:
+        return value if isinstance(value, Affine) else Affine((), int(value))
+
+    def __add__(self, other: AffineLike) -> Affine:
+        other = Affine.of(other)
+        coeffs = dict(self.terms)
+        for name, c in other.terms:
+            coeffs[name] = coeffs.get(name, 0) + c
+        return Affine(tuple((n, c) for n, c in coeffs.items() if c), self.const + other.const)
+
+    __radd__ = __add__
+
+    def __mul__(self, factor: int) -> Affine:
+        return Affine(tuple((n, c * factor) for n, c in self.terms if c * factor), self.const * factor)
+
+    __rmul__ = __mul__
+
+    def exact_div(self, divisor: int) -> Affine:
+        """Divide when every coefficient and the constant are multiples of `divisor` (tile offsets are)."""
+        if self.const % divisor or any(c % divisor for _, c in self.terms):
+            raise ValueError(f"{self} is not a multiple of {divisor}")
+        return Affine(tuple((n, c // divisor) for n, c in self.terms), self.const // divisor)
+
+    def coeff(self, name: str) -> int:
+        return dict(self.terms).get(name, 0)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.terms)
+
+    def __str__(self) -> str:
+        parts = [n if c == 1 else f"{n}*{c}" for n, c in self.terms]
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts)
+
+
+AffineLike = Union[Affine, int]
+
+
+def var(name: str) -> Affine:
+    return Affine(((name, 1),))
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    shape: tuple[int, ...]
+    scope: str
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        assert self.scope in SCOPES, self.scope
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def __getitem__(self, index) -> Load:
+        return Load(self, _index(self, index))
+
+    def store(self, index, value: Value) -> Store:
+        return Store(self, _index(self, index), value)
+
+    def flat(self, index: tuple[Affine, ...]) -> Affine:
+        """Row-major element offset of an index."""
+        offset, stride = Affine(), 1
+        for i, extent in reversed(list(zip(index, self.shape))):
+            offset, stride = offset + i * stride, stride * extent
+        return offset
+
+
+def _index(buffer: Buffer, index) -> tuple[Affine, ...]:
+    index = tuple(Affine.of(i) for i in (index if isinstance(index, tuple) else (index,)))
+    if len(index) != len(buffer.shape):
+        raise ValueError(f"{buffer.name} has {len(buffer.shape)} dims, indexed with {len(index)}")
+    return index
+
+
+@dataclass(frozen=True)
+class Load:
+    buffer: Buffer
+    index: tuple[Affine, ...]
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    args: tuple[Value, ...]
+
+    def __post_init__(self):
+        assert OPS.get(self.name) == len(self.args), (self.name, len(self.args))
+
+
+Value = Union[Load, Const, Op]
+
+
+@dataclass(frozen=True)
+class Store:
+    buffer: Buffer
+    index: tuple[Affine, ...]
+    value: Value
+
+
+@dataclass(frozen=True)
+class Loop:
+    var: str
+    extent: int
+    kind: str
+    body: tuple[Stmt, ...]
+
+    def __post_init__(self):
+        assert self.kind in LOOP_KINDS and self.extent >= 1, (self.kind, self.extent)
+
+
+@dataclass(frozen=True)
+class If:
+    """Branch on `lhs op rhs` (op is "==" or "<"); folded away when lhs is constant."""
+
+    lhs: Affine
+    op: str
+    rhs: int
+    then: tuple[Stmt, ...]
+    orelse: tuple[Stmt, ...] = ()
+
+
+Stmt = Union[Store, Loop, If]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One loop nest run in order with the others; `constant` stages read only weights and may be hoisted."""
+
+    name: str
+    body: tuple[Stmt, ...]
+    constant: bool = False
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    buffers: tuple[Buffer, ...]  # inputs in call order, then the output, then scratch and registers
+    stages: tuple[Stage, ...]
+
+    def scope(self, *scopes: str) -> tuple[Buffer, ...]:
+        return tuple(b for b in self.buffers if b.scope in scopes)
+
+
+def tiled(name: str, extent: int, tile: int, base: AffineLike,
+          body: Callable[[Affine, int], list[Stmt]], kind: str = "serial") -> list[Stmt]:
+    """Cover `extent` in tiles of `tile` starting at `base`; body(offset, size) builds one tile.
+
+    The last, partial tile is peeled with its own static size. A parallel loop keeps its tail
+    inside the loop (behind an `If`) so that the threads share it.
+    """
+    base = Affine.of(base)
+    full, tail = divmod(extent, tile)
+    index = base + var(name) * tile
+    if kind == "parallel" and tail:
+        return [Loop(name, full + 1, kind, (If(var(name), "<", full, tuple(body(index, tile)), tuple(body(index, tail))),))]
+    stmts: list[Stmt] = []
+    if full == 1 and kind == "serial":
+        stmts += body(base, tile)
+    elif full >= 1:
+        stmts.append(Loop(name, full, kind, tuple(body(index, tile))))
+    if tail:
+        stmts += body(base + full * tile, tail)
+    return stmts
+
+
+def walk(stmts, depth: int = 0):
+    """Yield (stmt, depth, enclosing loops) for every statement, outermost first."""
+    yield from _walk(stmts, depth, ())
+
+
+def _walk(stmts, depth, loops):
+    for stmt in stmts:
+        yield stmt, depth, loops
+        if isinstance(stmt, Loop):
+            yield from _walk(stmt.body, depth + 1, loops + (stmt,))
+        elif isinstance(stmt, If):
+            yield from _walk(stmt.then + stmt.orelse, depth + 1, loops)
+
+
+def format_value(value: Value) -> str:
+    if isinstance(value, Load):
+        return f"{value.buffer.name}[{', '.join(map(str, value.index))}]"
+    if isinstance(value, Const):
+        return repr(value.value)
+    return f"{value.name}({', '.join(map(format_value, value.args))})"
+
+
+def format_stmts(stmts, indent: int = 0) -> list[str]:
+    pad, lines = "  " * indent, []
+    for stmt in stmts:
+        if isinstance(stmt, Loop):
+            prefix = "" if stmt.kind == "serial" else stmt.kind + " "
+            lines.append(f"{pad}{prefix}for {stmt.var} in range({stmt.extent}):")
+            lines += format_stmts(stmt.body, indent + 1)
+        elif isinstance(stmt, If):
+            lines.append(f"{pad}if {stmt.lhs} {stmt.op} {stmt.rhs}:")
+            lines += format_stmts(stmt.then, indent + 1)
+            if stmt.orelse:
+                lines.append(f"{pad}else:")
+                lines += format_stmts(stmt.orelse, indent + 1)
+        else:
+            lines.append(f"{pad}{stmt.buffer.name}[{', '.join(map(str, stmt.index))}] = {format_value(stmt.value)}")
+    return lines
+
+
+def format_program(program: Program) -> str:
+    lines = [f"# {program.name}"]
+    lines += [f"# {b.scope:8} {b.name}[{', '.join(map(str, b.shape))}] {b.dtype}" for b in program.buffers]
+    for stage in program.stages:
+        lines.append(f"\n# stage {stage.name}{' (constant: weights only, hoisted when bound)' if stage.constant else ''}")
+        lines += format_stmts(stage.body)
+    return "\n".join(lines)

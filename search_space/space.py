@@ -1,0 +1,180 @@
+"""ConfigSpace: the knobs of a schedule template and every valid combination of their values.
+
+Knobs are declared the way AutoTVM's `define_split` / `define_reorder` / `define_annotate` /
+`define_knob` declare them. Cross-knob constraints (a register block must fit the register
+file) are applied exactly: constrained knobs form one mixed-radix digit whose values are
+the valid tuples, so `len` counts only valid points, `get` never returns an invalid one,
+and indices are plain Python ints (spaces beyond 2**63 work).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+
+class InvalidConfig(ValueError):
+    """A config that does not belong to the space, or that lowering rejects."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    kind: str  # split | reorder | annotate | knob
+    candidates: tuple
+
+    def __post_init__(self):
+        if not self.candidates:
+            raise ValueError(f"knob {self.name} has no candidates")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of a space: a value per knob. Frozen, hashable, and replayable from JSON."""
+
+    index: int
+    values: tuple[tuple[str, object], ...]
+
+    def __getitem__(self, name: str):
+        return dict(self.values)[name]
+
+    def to_dict(self) -> dict:
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in self.values}
+
+    def to_json(self) -> str:
+        return json.dumps({"index": self.index, "knobs": self.to_dict()}, separators=(",", ":"))
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name}={value}" for name, value in self.to_dict().items())
+
+
+@dataclass(frozen=True)
+class _Digit:
+    """One mixed-radix digit: a single knob, or a group of constrained knobs with their valid tuples."""
+
+    names: tuple[str, ...]
+    values: tuple[tuple, ...]
+
+
+class ConfigSpace:
+    """The product of knob digits; position 0 is the least significant digit."""
+
+    def __init__(self, knobs: list[Knob], constraints: list[tuple[tuple[str, ...], Callable[..., bool]]] = ()):
+        self.knobs = {k.name: k for k in knobs}
+        if len(self.knobs) != len(knobs):
+            raise ValueError("duplicate knob names")
+        self._digits = self._make_digits(knobs, list(constraints))
+        self._slot = {name: (d, i) for d, digit in enumerate(self._digits) for i, name in enumerate(digit.names)}
+        self._position = [{v: i for i, v in enumerate(digit.values)} for digit in self._digits]
+
+    def _make_digits(self, knobs, constraints) -> list[_Digit]:
+        groups = [{k.name} for k in knobs]
+        for names, _ in constraints:
+            merged = set(names).union(*[g for g in groups if g & set(names)])
+            groups = [g for g in groups if not g & set(names)] + [merged]
+        order = [k.name for k in knobs]
+        digits = []
+        for group in sorted(groups, key=lambda g: min(order.index(n) for n in g)):
+            names = tuple(n for n in order if n in group)
+            rules = [(ns, rule) for ns, rule in constraints if set(ns) <= group]
+            values = tuple(v for v in itertools.product(*(self.knobs[n].candidates for n in names))
+                           if all(rule(*(v[names.index(n)] for n in ns)) for ns, rule in rules))
+            if not values:
+                raise ValueError(f"constraints leave no valid value for knobs {', '.join(names)}")
+            digits.append(_Digit(names, values))
+        return digits
+
+    def __len__(self) -> int:  # may exceed sys.maxsize; use `size` then
+        return self.size
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(d.values) for d in self._digits)
+
+    def get(self, index: int) -> Config:
+        if not 0 <= index < self.size:
+            raise InvalidConfig(f"config index {index} out of range 0..{self.size - 1}")
+        values, rest = {}, index
+        for digit in self._digits:
+            rest, position = divmod(rest, len(digit.values))
+            values.update(zip(digit.names, digit.values[position]))
+        return Config(index, tuple((name, values[name]) for name in self.knobs))
+
+    def index_of(self, values: dict) -> int:
+        """The inverse of `get`: knob values → index; InvalidConfig names the offending knob."""
+        missing = set(self.knobs) - set(values)
+        extra = set(values) - set(self.knobs)
+        if missing or extra:
+            raise InvalidConfig(f"config knobs differ from the space: missing {sorted(missing)}, unknown {sorted(extra)}")
+        index, scale = 0, 1
+        for digit, position in zip(self._digits, self._position):
+            value = tuple(_freeze(values[name]) for name in digit.names)
+            if value not in position:
+                bad = [n for n, v in zip(digit.names, value) if v not in self.knobs[n].candidates]
+                reason = f"knob {bad[0]}={value[digit.names.index(bad[0])]} is not a candidate" if bad else \
+                    f"knobs {', '.join(digit.names)}={value} violate a constraint"
+                raise InvalidConfig(reason)
+            index += position[value] * scale
+            scale *= len(digit.values)
+        return index
+
+    def config(self, values: dict) -> Config:
+        return self.get(self.index_of(values))
+
+    def nearest(self, wanted: dict, distance: Callable[[object, object], tuple]) -> Config:
+        """The valid config closest to `wanted`; constrained knobs are chosen jointly, earlier knobs first."""
+        index, scale = 0, 1
+        for digit in self._digits:
+            values = min(digit.values, key=lambda v: [distance(x, wanted[n]) for n, x in zip(digit.names, v)])
+            index += self._position[self._digits.index(digit)][values] * scale
+            scale *= len(digit.values)
+        return self.get(index)
+
+    def from_json(self, text: str | dict) -> Config:
+        data = json.loads(text) if isinstance(text, str) else text
+        config = self.config(data["knobs"])
+        if "index" in data and data["index"] != config.index:
+            raise InvalidConfig(f"config index {data['index']} does not match its knobs (index {config.index})")
+        return config
+
+    def sample(self, n: int, rng: random.Random | int | None = None, exclude: set[int] = frozenset()) -> list[Config]:
+        """Up to n distinct configs drawn uniformly, none of whose index is in `exclude`."""
+        rng = rng if isinstance(rng, random.Random) else random.Random(rng)
+        n = min(n, self.size - len(exclude))
+        if self.size <= 4 * (n + len(exclude)):
+            pool = [i for i in range(self.size) if i not in exclude]
+            return [self.get(i) for i in rng.sample(pool, n)]
+        chosen: dict[int, None] = {}
+        while len(chosen) < n:
+            index = rng.randrange(self.size)
+            if index not in exclude:
+                chosen[index] = None
+        return [self.get(i) for i in chosen]
+
+    def neighbours(self, config: Config) -> list[Config]:
+        """Every valid config that differs from `config` in exactly one knob."""
+        current = dict(config.values)
+        found = []
+        for name, knob in self.knobs.items():
+            for value in knob.candidates:
+                if value == current[name]:
+                    continue
+                try:
+                    found.append(self.get(self.index_of(current | {name: value})))
+                except InvalidConfig:
+                    pass
+        return found
+
+    def __iter__(self) -> Iterator[Config]:
+        return (self.get(i) for i in range(self.size))
+
+    def __repr__(self) -> str:
+        knobs = ", ".join(f"{k.name}({k.kind}, {len(k.candidates)})" for k in self.knobs.values())
+        return f"ConfigSpace(size={self.size}: {knobs})"
+
+
+def _freeze(value):
+    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value

@@ -1,0 +1,83 @@
+"""Targets: what a kernel is tuned for. A best config only applies on a matching target.
+
+`llvm` names the CPU model, the vector features the kernel may use, and its thread count;
+`cuda` names the device and its compute capability. The string form is TVM-like:
+`llvm -mcpu=znver4 -mattr=+avx2,+avx512f,+fma -threads=2`, `cuda -device=NVIDIA_A100 -arch=sm_80`.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+from functools import cache
+
+KINDS = ("llvm", "cuda")
+VECTOR_FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "neon", "sve")
+
+
+class TargetError(ValueError):
+    """A target string that names no target tensortune can build for."""
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str
+    model: str = ""  # llvm: the CPU name LLVM uses; cuda: the device name
+    features: tuple[str, ...] = ()  # llvm: the vector features, sorted
+    threads: int = 1
+    arch: str = ""  # cuda: sm_XY
+
+    @classmethod
+    def parse(cls, text: str | Target) -> Target:
+        """`llvm` alone is the host CPU with all its cores; options override what was detected."""
+        if isinstance(text, Target):
+            return text
+        words = str(text).split()
+        if not words or words[0] not in KINDS:
+            raise TargetError(f"unknown target {text!r}; known kinds: {', '.join(KINDS)}")
+        options = {}
+        for word in words[1:]:
+            match = re.fullmatch(r"-(\w+)=(\S+)", word)
+            if not match or match.group(1) not in ("mcpu", "mattr", "threads", "device", "arch"):
+                raise TargetError(f"bad target option {word!r} in {text!r}")
+            options[match.group(1)] = match.group(2)
+        if words[0] == "cuda":
+            return cls("cuda", options.get("device", "").replace("_", " "), (), 1, options.get("arch", ""))
+        target = host_target()
+        if "mcpu" in options:
+            target = replace(target, model=options["mcpu"])
+        if "mattr" in options:
+            feats = tuple(sorted(f[1:] for f in options["mattr"].split(",") if f.startswith("+")))
+            target = replace(target, features=feats)
+        if "threads" in options:
+            if not options["threads"].isdigit() or int(options["threads"]) < 1:
+                raise TargetError(f"-threads must be a positive integer in {text!r}")
+            target = replace(target, threads=int(options["threads"]))
+        return target
+
+    def __str__(self) -> str:
+        if self.kind == "cuda":
+            return f"cuda -device={self.model.replace(' ', '_')} -arch={self.arch}"
+        return f"llvm -mcpu={self.model} -mattr={','.join('+' + f for f in self.features)} -threads={self.threads}"
+
+    @property
+    def vector_bits(self) -> int:
+        """Widest vector register the target has."""
+        if "avx512f" in self.features:
+            return 512
+        return 256 if "avx" in self.features else 128
+
+    @property
+    def vector_registers(self) -> int:
+        return 32 if "avx512f" in self.features else 16
+
+
+@cache
+def host_target() -> Target:
+    """The CPU this process runs on, with every core it may use."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    features = llvm.get_host_cpu_features()
+    vector = tuple(sorted(f for f in VECTOR_FEATURES if features.get(f)))
+    return Target("llvm", llvm.get_host_cpu_name(), vector, len(os.sched_getaffinity(0)))

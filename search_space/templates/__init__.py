@@ -1,0 +1,50 @@
+"""Schedule templates, looked up in one explicit table by (op, target kind)."""
+from __future__ import annotations
+
+from functools import lru_cache
+from types import ModuleType
+
+from ..program import Program
+from ..space import Config, ConfigSpace, InvalidConfig
+from ..target import Target
+from ..workload import Workload
+from . import gemm
+
+TEMPLATES: dict[tuple[str, str], ModuleType] = {
+    ("matmul", "llvm"): gemm,
+    ("dense", "llvm"): gemm,
+    ("batch_matmul", "llvm"): gemm,
+}
+
+
+class NoTemplate(LookupError):
+    """No schedule template exists for this op on this kind of target."""
+
+
+def template(workload: Workload, target: Target) -> ModuleType:
+    found = TEMPLATES.get((workload.op, target.kind))
+    if found is None:
+        known = ", ".join(f"{op} on {kind}" for op, kind in TEMPLATES)
+        raise NoTemplate(f"no schedule template for {workload.op} on {target.kind}; templates exist for {known}")
+    return found
+
+
+@lru_cache(maxsize=256)
+def get_space(workload: Workload, target: Target | str = "llvm") -> ConfigSpace:
+    """The ConfigSpace of a workload on a target (cached: spaces are immutable)."""
+    target = Target.parse(target)
+    return template(workload, target).space(workload, target)
+
+
+def fallback_config(workload: Workload, target: Target | str = "llvm") -> Config:
+    target = Target.parse(target)
+    return template(workload, target).fallback(workload, target, get_space(workload, target))
+
+
+def lower(workload: Workload, target: Target | str, config: Config) -> Program:
+    """Apply a config to the template: the concrete loop nest. Raises InvalidConfig for a foreign config."""
+    target = Target.parse(target)
+    space = get_space(workload, target)
+    if space.index_of(dict(config.values)) != config.index:
+        raise InvalidConfig(f"config index {config.index} does not match its knob values in this space")
+    return template(workload, target).lower(workload, target, config)

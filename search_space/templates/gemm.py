@@ -1,0 +1,223 @@
+"""The CPU GEMM template: matmul, dense and batch_matmul as one register-blocked loop nest.
+
+C[b, m, n] (+)= Σ_k A[b, m, k] · B[b, k, n]; dense reads B[k, n] from W[n, k] and may add a
+bias and an epilogue. The shape is the BLIS/GOTO one: B optionally packed into panels
+Bp[n/nr][k][nr], outer cache tiles (mo, no, ko) in a tunable order, inner tiles (mi, ni),
+and a micro-kernel that keeps an mr × nr block of C in vector registers across the k loop:
+per k, nr/vec vector loads of B, mr broadcasts of A and mr·nr/vec vector FMAs.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+from ..program import Affine, Buffer, Const, If, Load, Loop, Op, Program, Stage, Store, tiled, var
+from ..space import Config, ConfigSpace, Knob
+from ..target import Target
+from ..workload import Workload
+
+MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+NR_CHOICES = (4, 8, 12, 16, 24, 32, 48, 64)
+BLOCK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+UNROLL_CHOICES = (1, 2, 4, 8)
+GELU_C, GELU_A = 0.7978845608, 0.044715
+
+
+def _dims(workload: Workload) -> tuple[int, int, int, int]:
+    p = workload.p
+    return p.get("B", 1), p["M"], p["N"], p["K"]
+
+
+def _splits(extent: int, inner: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    """(-1, block, register) tiles of an axis: the register tile no larger than needed, blocks up to ~2x the axis."""
+    regs = [r for r in inner if r <= extent] or [min(inner)]
+    return tuple((-1, b, r) for r in regs for b in BLOCK_CHOICES if b == 1 or b * r < 2 * extent)
+
+
+def _k_tiles(extent: int) -> tuple[tuple[int, int], ...]:
+    sizes = sorted({s for s in (16, 32, 64, 128, 256, 512, 1024) if s < extent} | {extent})
+    return tuple((-1, s) for s in sizes)
+
+
+def space(workload: Workload, target: Target) -> ConfigSpace:
+    batch, m, n, k = _dims(workload)
+    vec_choices = tuple(v for v in (4, 8, 16) if v * 32 <= target.vector_bits)
+    parallel = ("none",) if target.threads == 1 else ("none", "m", "n") + (("b",) if workload.op == "batch_matmul" else ())
+    knobs = [
+        Knob("tile_m", "split", _splits(m, MR_CHOICES)),
+        Knob("tile_n", "split", _splits(n, tuple(c for c in NR_CHOICES if c <= max(64, n)) if n >= 4 else (4,))),
+        Knob("tile_k", "split", _k_tiles(k)),
+        Knob("vec", "annotate", vec_choices),
+        Knob("unroll_k", "annotate", UNROLL_CHOICES),
+        Knob("order", "reorder", tuple(itertools.permutations(("mo", "no", "ko")))),
+        Knob("inner_order", "reorder", (("mi", "ni"), ("ni", "mi"))),
+        Knob("parallel", "annotate", parallel),
+        Knob("pack_b", "knob", (True, False)),
+    ]
+    registers = target.vector_registers
+
+    def fits(tile_m, tile_n, vec):
+        """The nr columns split into whole vectors, and accumulators + B vectors + a broadcast fit the register file."""
+        mr, nr = tile_m[2], tile_n[2]
+        return nr % vec == 0 and mr * (nr // vec) + nr // vec + 1 <= registers and nr // vec <= 8
+
+    return ConfigSpace(knobs, [(("tile_m", "tile_n", "vec"), fits)])
+
+
+def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
+    """The untuned default: an 8×(2 vectors) register block, B packed, k-blocks of 256, rows split across threads."""
+    batch, m, n, k = _dims(workload)
+    vec = max(space_.knobs["vec"].candidates)
+    want = {
+        "tile_m": (-1, 8, 8), "tile_n": (-1, 8, 2 * vec), "tile_k": (-1, 256), "vec": vec, "unroll_k": 4,
+        "order": ("no", "ko", "mo"), "inner_order": ("ni", "mi"),
+        "parallel": "b" if batch > 1 else ("m" if m >= n else "n"), "pack_b": True,
+    }
+    return space_.nearest(want, _distance)
+
+
+def _distance(candidate, wanted) -> tuple:
+    """How far a candidate is from the wanted value; for splits the register tile counts before the block."""
+    if isinstance(wanted, tuple) and all(isinstance(x, int) for x in wanted):
+        return tuple(abs(math.log(abs(a) / abs(b))) for a, b in reversed(list(zip(candidate, wanted))))
+    if isinstance(wanted, int) and not isinstance(wanted, bool):
+        return (abs(math.log(candidate / wanted)),)
+    return (0.0 if candidate == wanted else 1.0,)
+
+
+class _Gemm:
+    """Builds the program for one workload and config; one method per part of the loop nest."""
+
+    def __init__(self, workload: Workload, target: Target, config: Config):
+        self.workload, self.config = workload, config
+        self.batch, self.m, self.n, self.k = _dims(workload)
+        self.mb, self.mr = config["tile_m"][1:]
+        self.nb, self.nr = config["tile_n"][1:]
+        self.kc = config["tile_k"][1]
+        self.vec, self.unroll = config["vec"], config["unroll_k"]
+        self.parallel = config["parallel"] if target.threads > 1 else "none"
+        self.pack = config["pack_b"]
+        self.options = workload.p
+        self.batched = workload.op == "batch_matmul"
+        names = {"matmul": ("A", "B", "C"), "dense": ("X", "W", "Y"), "batch_matmul": ("A", "B", "C")}[workload.op]
+        shapes = dict(workload.operand_shapes())
+        self.a = Buffer(names[0], shapes[names[0]], "input")
+        self.b = Buffer(names[1], shapes[names[1]], "input")
+        self.bias = Buffer("bias", shapes["bias"], "input") if "bias" in shapes else None
+        self.c = Buffer(names[2], workload.output_shape, "output")
+        panels = -(-self.n // self.nr)
+        self.bp = Buffer("Bp", ((self.batch,) if self.batched else ()) + (panels, self.k, self.nr), "packed")
+        self.acc = Buffer("acc", (self.mr, self.nr), "register")
+
+    def _batch(self, b: Affine, *index) -> tuple:
+        return (b, *index) if self.batched else index
+
+    def b_element(self, b: Affine, k: Affine, n: Affine) -> Load:
+        if self.workload.op == "dense":
+            return self.b[n, k]
+        return self.b[self._batch(b, k, n)]
+
+    def program(self) -> Program:
+        buffers = [self.a, self.b] + ([self.bias] if self.bias else []) + [self.c]
+        stages = []
+        if self.pack:
+            buffers.append(self.bp)
+            stages.append(Stage("pack_" + self.b.name, tuple(self.pack_stage()), constant=self.workload.op == "dense"))
+        stages.append(Stage("compute", tuple(self.compute_stage())))
+        return Program(self.workload.key, tuple(buffers + [self.acc]), tuple(stages))
+
+    def pack_stage(self):
+        """Bp[p, k, l] = B[k, p·nr + l]: each panel of nr columns contiguous along k."""
+        par = "parallel" if self.parallel != "none" else "serial"
+
+        def panel(b, p0, width):
+            p = p0.exact_div(self.nr)
+            if self.workload.op == "dense":  # W rows are contiguous along k: read them in order
+                return [Loop("l", width, "serial", (Loop("k", self.k, "serial", (
+                    self.bp.store(self._batch(b, p, var("k"), var("l")), self.b[p0 + var("l"), var("k")]),)),))]
+            return [Loop("k", self.k, "serial", (Loop("l", width, "vectorized", (
+                self.bp.store(self._batch(b, p, var("k"), var("l")), self.b_element(b, var("k"), p0 + var("l"))),)),))]
+
+        panels = lambda b: tiled("p", self.n, self.nr, 0, lambda p0, w: panel(b, p0, w), par if not self.batched else "serial")
+        if self.batched:
+            return [Loop("b", self.batch, par, tuple(panels(var("b"))))]
+        return panels(Affine())
+
+    def compute_stage(self):
+        order = list(self.config["order"])
+        axis_of = {"b": "b", "mo": "m", "no": "n", "ko": "k", "mi": "m", "ni": "n"}
+        tile = {"b": 1, "mo": self.mb * self.mr, "no": self.nb * self.nr, "ko": self.kc, "mi": self.mr, "ni": self.nr}
+        top = {"b": "b", "m": "mo", "n": "no"}.get(self.parallel)
+        outer = ([top] if top else []) + (["b"] if self.batched and top != "b" else []) + [x for x in order if x != top]
+        levels = [(name, axis_of[name], tile[name], "parallel" if name == top else "serial")
+                  for name in outer + list(self.config["inner_order"])]
+        extents = {"b": self.batch, "m": self.m, "n": self.n, "k": self.k}
+        return self._nest(levels, {axis: (Affine(), extent) for axis, extent in extents.items()})
+
+    def _nest(self, levels, chunks):
+        if not levels:
+            return self.micro_kernel(chunks)
+        (name, axis, size, kind), rest = levels[0], levels[1:]
+        offset, extent = chunks[axis]
+        return tiled(name, extent, size, offset, lambda o, e: self._nest(rest, chunks | {axis: (o, e)}), kind)
+
+    def _columns(self, width: int, body) -> list:
+        """Columns 0..width of the register block: unrolled whole vectors, then a narrower tail vector."""
+        return tiled("v", width, self.vec, 0, lambda c0, w: [Loop("l", w, "vectorized", tuple(body(c0 + var("l"))))],
+                     "unrolled")
+
+    def micro_kernel(self, chunks):
+        (b, _), (m0, mr), (n0, nr), (k0, kc) = chunks["b"], chunks["m"], chunks["n"], chunks["k"]
+        rows = lambda body: [Loop("r", mr, "unrolled", tuple(self._columns(nr, lambda c: body(var("r"), c))))]
+        zero = rows(lambda r, c: [self.acc.store((r, c), Const(0.0))])
+        source = (lambda k, c: self.bp[self._batch(b, n0.exact_div(self.nr), k, c)]) if self.pack else \
+            (lambda k, c: self.b_element(b, k, n0 + c))
+
+        def step(k):
+            return rows(lambda r, c: [self.acc.store((r, c), Op("fma", (
+                self.a[self._batch(b, m0 + r, k)], source(k, c), self.acc[r, c])))])
+
+        k_loop = tiled("ki", kc, self.unroll, k0, lambda k, u: [Loop("ku", u, "unrolled", tuple(step(k + var("ku"))))])
+        return zero + k_loop + self.write_back(b, m0, n0, k0, kc, rows)
+
+    def write_back(self, b, m0, n0, k0, kc, rows):
+        """C = acc on the first k-block, C += acc after; bias and epilogue once the last block is in."""
+        out = lambda r, c: self._batch(b, m0 + r, n0 + c)
+        last = self.k - kc
+
+        def store(accumulate: bool, final: bool):
+            def body(r, c):
+                value = self.acc[r, c]
+                if accumulate:
+                    value = Op("add", (self.c[out(r, c)], value))
+                if not final or not self.epilogued:
+                    return [self.c.store(out(r, c), value)]
+                # the sum goes through the accumulator so the epilogue reads it once
+                return [self.acc.store((r, c), self.biased(value, n0 + c)),
+                        self.c.store(out(r, c), self.epilogue(self.acc[r, c]))]
+            return tuple(rows(body))
+
+        if not self.epilogued:
+            return [If(k0, "==", 0, store(False, False), store(True, False))]
+        return [If(k0, "==", 0, (If(k0, "==", last, store(False, True), store(False, False)),),
+                   (If(k0, "==", last, store(True, True), store(True, False)),))]
+
+    @property
+    def epilogued(self) -> bool:
+        return self.bias is not None or self.options.get("epilogue", "none") != "none"
+
+    def biased(self, value, n):
+        return Op("add", (value, self.bias[n])) if self.bias is not None else value
+
+    def epilogue(self, value):
+        kind = self.options.get("epilogue", "none")
+        if kind == "relu":
+            return Op("max", (value, Const(0.0)))
+        if kind == "gelu":  # 0.5·x·(1 + tanh(c·(x + a·x³)))
+            inner = Op("mul", (Const(GELU_C), Op("fma", (Op("mul", (Const(GELU_A), value)), Op("mul", (value, value)), value))))
+            return Op("mul", (Op("mul", (Const(0.5), value)), Op("add", (Const(1.0), Op("tanh", (inner,))))))
+        return value
+
+
+def lower(workload: Workload, target: Target, config: Config) -> Program:
+    return _Gemm(workload, target, config).program()

@@ -1,0 +1,219 @@
+"""Workloads: an operator with its shapes and dtype, its canonical key, FLOPs, inputs and NumPy reference.
+
+A workload is a frozen value; its `key` is the one string that names it in the CLI, the
+database and the REST API (DESIGN.md), and `Workload.from_key` parses it back.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+DTYPES = ("float32",)
+MAX_DIM = 1 << 16
+MAX_ELEMENTS = 1 << 28  # 1 GiB of float32 per operand
+EPILOGUES = ("none", "relu", "gelu")
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot exist: unknown op, bad or missing parameter, unsupported dtype."""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """What an operator is: its integer parameters in key order, its options with defaults, its math."""
+
+    name: str
+    dims: tuple[str, ...]
+    options: dict[str, object]
+    operand_shapes: Callable[[dict], list[tuple[str, tuple[int, ...]]]]
+    output_shape: Callable[[dict], tuple[int, ...]]
+    flops: Callable[[dict], int]
+    reference: Callable[..., np.ndarray]
+    reduction: Callable[[dict], int]  # terms summed into each output element
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh form (Hendrycks & Gimpel; what BERT/GPT-2 kernels fuse): what the `gelu` epilogue computes."""
+    return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x * x * x)))
+
+
+def _epilogue(y: np.ndarray, epilogue: str) -> np.ndarray:
+    return {"none": lambda v: v, "relu": lambda v: np.maximum(v, 0), "gelu": gelu}[epilogue](y)
+
+
+def _dense_reference(p: dict, x, w, bias=None):
+    y = x @ w.T
+    if bias is not None:
+        y = y + bias
+    return _epilogue(y, p["epilogue"]).astype(x.dtype, copy=False)
+
+
+def _dense_operands(p: dict):
+    ops = [("X", (p["M"], p["K"])), ("W", (p["N"], p["K"]))]
+    return ops + ([("bias", (p["N"],))] if p["bias"] else [])
+
+
+OPS: dict[str, OpSpec] = {
+    "matmul": OpSpec(
+        "matmul", ("M", "N", "K"), {},
+        lambda p: [("A", (p["M"], p["K"])), ("B", (p["K"], p["N"]))],
+        lambda p: (p["M"], p["N"]),
+        lambda p: 2 * p["M"] * p["N"] * p["K"],
+        lambda p, a, b: a @ b,
+        lambda p: p["K"],
+    ),
+    "dense": OpSpec(
+        "dense", ("M", "N", "K"), {"bias": False, "epilogue": "none"},
+        _dense_operands,
+        lambda p: (p["M"], p["N"]),
+        lambda p: 2 * p["M"] * p["N"] * p["K"],
+        _dense_reference,
+        lambda p: p["K"],
+    ),
+    "batch_matmul": OpSpec(
+        "batch_matmul", ("B", "M", "N", "K"), {},
+        lambda p: [("A", (p["B"], p["M"], p["K"])), ("B", (p["B"], p["K"], p["N"]))],
+        lambda p: (p["B"], p["M"], p["N"]),
+        lambda p: 2 * p["B"] * p["M"] * p["N"] * p["K"],
+        lambda p, a, b: np.matmul(a, b),
+        lambda p: p["K"],
+    ),
+}
+
+
+def _check_dim(op: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise WorkloadError(f"{op}: parameter {name} must be an integer, got {value!r}")
+    if not 1 <= value <= MAX_DIM:
+        raise WorkloadError(f"{op}: parameter {name}={value} is out of range; it must be in 1..{MAX_DIM}")
+    return int(value)
+
+
+def _check_option(op: str, name: str, value, default):
+    if isinstance(default, bool):
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        if not isinstance(value, bool):
+            raise WorkloadError(f"{op}: option {name} must be true or false, got {value!r}")
+        return value
+    if name == "epilogue" and value not in EPILOGUES:
+        raise WorkloadError(f"{op}: unknown epilogue {value!r}; known: {', '.join(EPILOGUES)}")
+    return value
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One operator instance. Build it with `matmul(...)`, `dense(...)`, `batch_matmul(...)` or `Workload.make`."""
+
+    op: str
+    params: tuple[tuple[str, object], ...]
+    dtype: str = "float32"
+    spec: OpSpec = field(repr=False, compare=False, hash=False, default=None)
+
+    @classmethod
+    def make(cls, op: str, dtype: str = "float32", **params) -> Workload:
+        """Validate and normalise; every error names the parameter and what would be right."""
+        spec = OPS.get(op)
+        if spec is None:
+            raise WorkloadError(f"unknown op {op!r}; known ops: {', '.join(OPS)}")
+        if dtype not in DTYPES:
+            raise WorkloadError(f"{op}: unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+        unknown = set(params) - set(spec.dims) - set(spec.options)
+        if unknown:
+            raise WorkloadError(f"{op}: unknown parameter(s) {', '.join(sorted(unknown))}; "
+                                f"{op} takes {', '.join(spec.dims + tuple(spec.options))}")
+        missing = [d for d in spec.dims if d not in params]
+        if missing:
+            raise WorkloadError(f"{op}: missing parameter(s) {', '.join(missing)}; {op} needs {', '.join(spec.dims)}")
+        values = {d: _check_dim(op, d, params[d]) for d in spec.dims}
+        values |= {o: _check_option(op, o, params.get(o, default), default) for o, default in spec.options.items()}
+        workload = cls(op, tuple(values.items()), dtype, spec)
+        for name, shape in workload.operand_shapes() + [("output", workload.output_shape)]:
+            if int(np.prod(shape)) > MAX_ELEMENTS:
+                raise WorkloadError(f"{op}: operand {name} of shape {shape} has more than {MAX_ELEMENTS} elements")
+        return workload
+
+    @classmethod
+    def from_key(cls, key: str) -> Workload:
+        """Parse `op(name=value,...,dtype=...)`, the canonical key."""
+        match = re.fullmatch(r"\s*(\w+)\((.*)\)\s*", key)
+        if not match:
+            raise WorkloadError(f"not a workload key: {key!r}; expected op(NAME=VALUE,...)")
+        return cls.make(match.group(1), **parse_params(match.group(2).split(",") if match.group(2) else []))
+
+    @property
+    def p(self) -> dict:
+        return dict(self.params)
+
+    @property
+    def key(self) -> str:
+        """Canonical key: required parameters in order, options only when not at their default, then dtype."""
+        parts = [f"{d}={self.p[d]}" for d in self.spec.dims]
+        for name, default in self.spec.options.items():
+            value = self.p[name]
+            if value != default:
+                parts.append(f"{name}={str(value).lower() if isinstance(value, bool) else value}")
+        return f"{self.op}({','.join(parts + [f'dtype={self.dtype}'])})"
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def flops(self) -> int:
+        return self.spec.flops(self.p)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return self.spec.output_shape(self.p)
+
+    def operand_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Names and shapes of the inputs, in call order."""
+        return self.spec.operand_shapes(self.p)
+
+    def random_inputs(self, seed: int = 0) -> tuple[np.ndarray, ...]:
+        rng = np.random.default_rng(seed)
+        return tuple(rng.uniform(-1, 1, shape).astype(self.dtype) for _, shape in self.operand_shapes())
+
+    @property
+    def tolerance(self) -> float:
+        """Absolute error allowed per output element: float32 rounding grows with the reduction length
+        (inputs are in [-1, 1]); kernels may sum in any order and fuse multiply-adds."""
+        return 8 * float(np.finfo(self.dtype).eps) * max(16, self.spec.reduction(self.p))
+
+    def max_error(self, output: np.ndarray, expected: np.ndarray) -> float:
+        """Largest error relative to the tolerance, scaled by the result's magnitude: ≤ 1 passes."""
+        scale = np.maximum(1.0, np.abs(expected))
+        return float(np.max(np.abs(output.astype(np.float64) - expected) / scale, initial=0.0)) / self.tolerance
+
+    def reference(self, *inputs: np.ndarray) -> np.ndarray:
+        """The NumPy result every kernel is checked against."""
+        return self.spec.reference(self.p, *inputs)
+
+
+def parse_params(pairs: list[str]) -> dict:
+    """`["M=64", "bias=true"]` → `{"M": 64, "bias": "true"}`; integers become ints, the rest stay strings."""
+    params = {}
+    for pair in pairs:
+        name, sep, value = pair.strip().partition("=")
+        if not sep or not name:
+            raise WorkloadError(f"parameter {pair!r} is not NAME=VALUE")
+        params[name.strip()] = int(value) if re.fullmatch(r"-?\d+", value.strip()) else value.strip()
+    return params
+
+
+def matmul(M: int, N: int, K: int, dtype: str = "float32") -> Workload:
+    """C[M,N] = A[M,K] · B[K,N]."""
+    return Workload.make("matmul", dtype, M=M, N=N, K=K)
+
+
+def dense(M: int, N: int, K: int, bias: bool = False, epilogue: str = "none", dtype: str = "float32") -> Workload:
+    """Y[M,N] = epilogue(X[M,K] · W[N,K]ᵀ + bias): the BERT linear layer."""
+    return Workload.make("dense", dtype, M=M, N=N, K=K, bias=bias, epilogue=epilogue)
+
+
+def batch_matmul(B: int, M: int, N: int, K: int, dtype: str = "float32") -> Workload:
+    """C[b] = A[b] · B[b]: attention scores and context."""
+    return Workload.make("batch_matmul", dtype, B=B, M=M, N=N, K=K)

@@ -1,0 +1,1 @@
+"""The job runner, the REST API, the dashboard and the tensortune CLI."""

@@ -1,0 +1,76 @@
+"""The `tensortune` command line (DESIGN.md lists its commands)."""
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from search_space import InvalidConfig, NoTemplate, Target, TargetError, Workload, WorkloadError
+from search_space.workload import parse_params
+
+app = typer.Typer(help="tensortune: autotuning of tensor kernels", no_args_is_help=True, add_completion=False)
+bench_app = typer.Typer(help="Benchmarks that print ratios against references measured in the same run",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+console = Console(stderr=True)
+
+
+def parse_workload(op: str, params: List[str]) -> Workload:
+    """`matmul`, `["M=64", "N=64", "K=64"]` → Workload; errors become a usage message."""
+    try:
+        return Workload.make(op, **parse_params(params))
+    except WorkloadError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+def parse_target(text: str) -> Target:
+    try:
+        return Target.parse(text)
+    except TargetError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+@app.command()
+def show(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
+         params: List[str] = typer.Argument(..., help="NAME=VALUE parameters, e.g. M=64 N=64 K=64"),
+         config: Optional[int] = typer.Option(None, "--config", help="config index (default: the fallback config)"),
+         target: str = typer.Option("llvm", "--target"),
+         space_only: bool = typer.Option(False, "--space", help="print the knobs of the space instead")):
+    """Print the lowered loop nest of one config of a workload's space."""
+    from search_space import fallback_config, format_program, get_space, lower
+
+    workload, target_ = parse_workload(op, params), parse_target(target)
+    try:
+        space = get_space(workload, target_)
+        if space_only:
+            print(space)
+            for knob in space.knobs.values():
+                print(f"  {knob.name:12} {knob.kind:8} {len(knob.candidates):4} choices: {list(knob.candidates)[:8]}")
+            return
+        chosen = space.get(config) if config is not None else fallback_config(workload, target_)
+    except (InvalidConfig, NoTemplate) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2)
+    print(f"# config {chosen.index} of {space.size}: {chosen}")
+    print(format_program(lower(workload, target_, chosen)))
+
+
+@bench_app.command("kernels")
+def bench_kernels(quick: bool = typer.Option(False, "--quick", help="fewer candidates per shape"),
+                  json_lines: bool = typer.Option(False, "--json", help="one JSON object per line"),
+                  trials: Optional[int] = typer.Option(None, "--trials", help="candidates measured per shape"),
+                  only: Optional[str] = typer.Option(None, "--only", help="run the shapes whose key contains this"),
+                  seed: int = typer.Option(0, "--seed")):
+    """Best config found per shape beside NumPy, PyTorch and the peak FMA rate, at 1 thread and all cores."""
+    from bench.kernels import run
+
+    run(quick=quick, json_lines=json_lines, trials=trials, only=only, seed=seed)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""Tuners, the XGBoost cost model, and the search loop."""

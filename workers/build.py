@@ -1,0 +1,42 @@
+"""`build(workload, target, config)`: lower a config of the workload's template and compile it."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from search_space import Config, Program, Target, Workload, current_config, get_space, lower
+
+from .kernel import Kernel, cfunc
+from .llvm_codegen import generate
+from .llvm_jit import Compiled, compile_module
+
+
+def resolve_config(workload: Workload, target: Target, config: Config | dict | int | None) -> Config:
+    """A Config of this workload's space from a Config, knob values, an index, or the dispatch context."""
+    space = get_space(workload, target)
+    if config is None:
+        return current_config(workload, target)
+    if isinstance(config, int):
+        return space.get(config)
+    if isinstance(config, dict):
+        return space.from_json(config) if "knobs" in config else space.config(config)
+    return space.get(space.index_of(dict(config.values)))
+
+
+def compile_program(program: Program, target: Target) -> tuple[list[Callable], Compiled]:
+    """Machine code for each stage of a program, as ctypes functions over the memory buffers."""
+    if target.kind != "llvm":
+        raise NotImplementedError(f"no code generator for target kind {target.kind!r} yet")
+    compiled = compile_module(generate(program, target.threads), target)
+    n_pointers = len(program.scope("input", "output", "packed"))
+    return [cfunc(compiled.address(stage.name), n_pointers) for stage in program.stages], compiled
+
+
+def build(workload: Workload, target: Target | str = "llvm", config: Config | dict | int | None = None) -> Kernel:
+    """Compile a kernel; with config=None the active dispatch context (e.g. apply_history_best) chooses."""
+    target = Target.parse(target)
+    config = resolve_config(workload, target, config)
+    start = time.perf_counter()
+    program = lower(workload, target, config)
+    stages, compiled = compile_program(program, target)
+    return Kernel(workload, target, config, program, stages, compiled, time.perf_counter() - start)

@@ -1,0 +1,132 @@
+"""A compiled kernel as a Python callable over NumPy arrays.
+
+`kernel(*inputs)` returns a new output, `kernel(*inputs, out=array)` fills one. Inputs are
+checked (count, shape, dtype, C-contiguity) with a message that names the input. Scratch
+buffers (packed operands) are allocated once per kernel, 64-byte aligned. `bind(**weights)`
+runs the stages that read only those weights once, as an inference deployment pre-packs
+its weights, and returns a callable that takes the remaining inputs.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Callable
+
+import numpy as np
+
+from search_space import Config, Program, Target, Workload
+from search_space.program import Load, Stage, Store, walk
+
+
+class KernelArgumentError(ValueError):
+    """The arrays given to a kernel do not match its workload."""
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: str, alignment: int = 64) -> np.ndarray:
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(size + alignment, dtype=np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start:start + size].view(dtype).reshape(shape)
+
+
+def stage_reads(stage: Stage) -> set[str]:
+    names = set()
+
+    def visit(value):
+        if isinstance(value, Load):
+            names.add(value.buffer.name)
+        for arg in getattr(value, "args", ()):
+            visit(arg)
+
+    for stmt, _, _ in walk(stage.body):
+        if isinstance(stmt, Store):
+            visit(stmt.value)
+    return names
+
+
+class Kernel:
+    def __init__(self, workload: Workload, target: Target, config: Config, program: Program,
+                 stages: list[Callable], keepalive, compile_seconds: float):
+        self.workload, self.target, self.config, self.program = workload, target, config, program
+        self.compile_seconds = compile_seconds
+        self._stages = list(zip(program.stages, stages))
+        self._keepalive = keepalive
+        self.inputs = program.scope("input")
+        self.output = program.scope("output")[0]
+        self._scratch = {b.name: aligned_empty(b.shape, b.dtype) for b in program.scope("packed")}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.workload.key}, {self.target}, config {self.config.index})"
+
+    def _check(self, buffer, array, role: str) -> np.ndarray:
+        what = f"{self.workload.op} {role} {buffer.name}"
+        if not isinstance(array, np.ndarray):
+            raise KernelArgumentError(f"{what}: expected a numpy.ndarray, got {type(array).__name__}")
+        if array.shape != buffer.shape:
+            raise KernelArgumentError(f"{what}: expected shape {buffer.shape}, got {array.shape}")
+        if array.dtype != np.dtype(buffer.dtype):
+            raise KernelArgumentError(f"{what}: expected dtype {buffer.dtype}, got {array.dtype}")
+        if not array.flags.c_contiguous:
+            raise KernelArgumentError(f"{what}: must be C-contiguous (use numpy.ascontiguousarray)")
+        if role == "output" and not array.flags.writeable:
+            raise KernelArgumentError(f"{what}: is read-only")
+        return array
+
+    def _arrays(self, inputs, out, bound: dict) -> dict[str, np.ndarray]:
+        free = [b for b in self.inputs if b.name not in bound]
+        if len(inputs) != len(free):
+            names = ", ".join(b.name for b in free)
+            raise KernelArgumentError(f"{self.workload.op} takes {len(free)} input(s) ({names}), got {len(inputs)}")
+        arrays = dict(bound) | {b.name: self._check(b, a, "input") for b, a in zip(free, inputs)}
+        if out is None:
+            out = np.empty(self.output.shape, self.output.dtype)
+        arrays[self.output.name] = self._check(self.output, out, "output")
+        return arrays
+
+    def _run(self, arrays: dict[str, np.ndarray], skip: set[str] = frozenset()) -> None:
+        memory = self.program.scope("input", "output", "packed")
+        pointers = [arrays[b.name].ctypes.data for b in memory]
+        for stage, function in self._stages:
+            if stage.name not in skip:
+                function(*pointers)
+
+    def __call__(self, *inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        arrays = self._arrays(inputs, out, {})
+        with self._lock:
+            self._run(arrays | self._scratch)
+        return arrays[self.output.name]
+
+    def bind(self, **weights: np.ndarray) -> BoundKernel:
+        """Fix some inputs (e.g. dense's W and bias) and run the stages that read only them, once."""
+        unknown = set(weights) - {b.name for b in self.inputs}
+        if unknown:
+            raise KernelArgumentError(f"{self.workload.op} has no input(s) {', '.join(sorted(unknown))}")
+        bound = {b.name: self._check(b, weights[b.name], "input") for b in self.inputs if b.name in weights}
+        return BoundKernel(self, bound)
+
+
+class BoundKernel:
+    """A kernel with its weights fixed and pre-packed; call it with the other inputs."""
+
+    def __init__(self, kernel: Kernel, bound: dict[str, np.ndarray]):
+        self.kernel, self.bound = kernel, bound
+        self.workload = kernel.workload
+        self._scratch = {name: aligned_empty(a.shape, a.dtype) for name, a in kernel._scratch.items()}
+        self._hoisted = {stage.name for stage, _ in kernel._stages
+                         if stage.constant and stage_reads(stage) <= set(bound) | set(self._scratch)}
+        arrays = dict(bound) | self._scratch
+        placeholders = {b.name: np.empty(0, b.dtype) for b in kernel.inputs if b.name not in bound}
+        placeholders[kernel.output.name] = np.empty(0, kernel.output.dtype)
+        kernel._run(arrays | placeholders, skip={s.name for s, _ in kernel._stages} - self._hoisted)
+        self._lock = threading.Lock()
+
+    def __call__(self, *inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        arrays = self.kernel._arrays(inputs, out, self.bound)
+        with self._lock:
+            self.kernel._run(arrays | self._scratch, skip=self._hoisted)
+        return arrays[self.kernel.output.name]
+
+
+def cfunc(address: int, n_pointers: int) -> Callable:
+    return ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n_pointers)(address)

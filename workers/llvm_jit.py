@@ -1,0 +1,81 @@
+"""JIT-compile LLVM IR for a CPU target with llvmlite: parse, verify, optimise at O3, and load.
+
+The target machine is built for the target's CPU model with the host's features, minus any
+vector feature the target does not list (so a kernel tuned for AVX2 stays AVX2 on an
+AVX-512 host). Parallel loops call libgomp, loaded once into the process.
+"""
+from __future__ import annotations
+
+import ctypes.util
+from dataclasses import dataclass
+from functools import cache
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from search_space.target import VECTOR_FEATURES, Target
+
+
+class CompileError(RuntimeError):
+    """LLVM rejected or failed to compile a generated module."""
+
+
+@cache
+def _initialise() -> None:
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    gomp = ctypes.util.find_library("gomp")
+    if gomp is None:
+        raise CompileError("libgomp not found: parallel kernels need it (Debian/Ubuntu: apt-get install libgomp1)")
+    llvm.load_library_permanently(gomp)
+
+
+@cache
+def _feature_string(features: tuple[str, ...]) -> str:
+    _initialise()
+    host = llvm.get_host_cpu_features()
+    for name in VECTOR_FEATURES:
+        if name in host and name not in features:
+            host[name] = False
+    # prefer-256-bit would make LLVM split the explicit 512-bit vectors the vec knob asks for.
+    return host.flatten() + ",-prefer-256-bit"
+
+
+def target_machine(model: str, features: tuple[str, ...]) -> llvm.TargetMachine:
+    """A new target machine each time: an MCJIT engine takes ownership of (and frees) the one it is given."""
+    return llvm.Target.from_default_triple().create_target_machine(
+        cpu=model, features=_feature_string(features), opt=3, jit=True)
+
+
+@dataclass
+class Compiled:
+    """A loaded module: keep it alive as long as its function addresses are used."""
+
+    engine: llvm.ExecutionEngine
+    module: llvm.ModuleRef
+
+    def address(self, name: str) -> int:
+        return self.engine.get_function_address(name)
+
+    def assembly(self) -> str:
+        return self.engine.target_machine.emit_assembly(self.module)
+
+
+def compile_module(module: ir.Module, target: Target) -> Compiled:
+    tm = target_machine(target.model, target.features)
+    module.triple = tm.triple
+    module.data_layout = str(tm.target_data)
+    try:
+        parsed = llvm.parse_assembly(str(module))
+        parsed.verify()
+    except RuntimeError as error:
+        raise CompileError(f"invalid LLVM IR for {module.name}: {error}") from error
+    # The IR is already vectorized and unrolled as the config says: LLVM's own loop vectorizer,
+    # SLP and unroller would only second-guess the knobs and triple the optimisation time.
+    options = llvm.create_pipeline_tuning_options(speed_level=2)
+    options.loop_vectorization = options.slp_vectorization = options.loop_unrolling = False
+    passes = llvm.create_pass_builder(tm, options)
+    passes.getModulePassManager().run(parsed, passes)
+    engine = llvm.create_mcjit_compiler(parsed, tm)
+    engine.finalize_object()
+    return Compiled(engine, parsed)
