@@ -53,12 +53,13 @@ class Compiled:
 
     engine: llvm.ExecutionEngine
     module: llvm.ModuleRef
+    machine: llvm.TargetMachine  # owned by the engine
 
     def address(self, name: str) -> int:
         return self.engine.get_function_address(name)
 
     def assembly(self) -> str:
-        return self.engine.target_machine.emit_assembly(self.module)
+        return self.machine.emit_assembly(self.module)
 
 
 def compile_module(module: ir.Module, target: Target) -> Compiled:
@@ -78,4 +79,4 @@ def compile_module(module: ir.Module, target: Target) -> Compiled:
     passes.getModulePassManager().run(parsed, passes)
     engine = llvm.create_mcjit_compiler(parsed, tm)
     engine.finalize_object()
-    return Compiled(engine, parsed)
+    return Compiled(engine, parsed, tm)

@@ -1,0 +1,108 @@
+"""Every config of every space computes the right result, on awkward shapes too."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from search_space import Target, batch_matmul, dense, fallback_config, get_space, matmul
+from workers import KernelArgumentError, build
+
+SIZES = st.one_of(st.sampled_from([1, 2, 3, 5, 7, 13, 16, 17, 31, 32, 61, 64, 97, 127]), st.integers(1, 300))
+TARGETS = [Target.parse("llvm -threads=1"), Target.parse("llvm -threads=2"),
+           Target.parse("llvm -threads=2 -mattr=+avx,+avx2,+fma")]
+
+
+@st.composite
+def workloads(draw):
+    op = draw(st.sampled_from(["matmul", "dense", "batch_matmul"]))
+    m, n, k = draw(SIZES), draw(SIZES), draw(SIZES)
+    if op == "matmul":
+        return matmul(m, n, k)
+    if op == "dense":
+        return dense(m, n, k, bias=draw(st.booleans()), epilogue=draw(st.sampled_from(["none", "relu", "gelu"])))
+    return batch_matmul(draw(st.integers(1, 4)), min(m, 96), min(n, 96), min(k, 96))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(data=st.data())
+def test_any_config_matches_numpy(data):
+    workload = data.draw(workloads(), "workload")
+    target = data.draw(st.sampled_from(TARGETS), "target")
+    space = get_space(workload, target)
+    config = space.get(data.draw(st.integers(0, space.size - 1), "config index"))
+    kernel = build(workload, target, config)
+    inputs = workload.random_inputs(seed=config.index % 97)
+    error = workload.max_error(kernel(*inputs), workload.reference(*inputs))
+    assert error <= 1, f"{workload.key} config {config}: error {error:.2f}x tolerance"
+
+
+@pytest.mark.parametrize("workload", [matmul(256, 256, 256), dense(64, 384, 256, bias=True, epilogue="gelu"),
+                                      batch_matmul(3, 64, 48, 32)])
+def test_out_argument_and_bound_weights(workload):
+    kernel = build(workload, "llvm", None)
+    inputs = workload.random_inputs()
+    expected = workload.reference(*inputs)
+    out = np.full(workload.output_shape, np.nan, np.float32)
+    assert kernel(*inputs, out=out) is out
+    assert workload.max_error(out, expected) <= 1
+    bound = kernel.bind(**{b.name: a for b, a in zip(kernel.inputs[1:], inputs[1:])})
+    assert workload.max_error(bound(inputs[0]), expected) <= 1
+    assert workload.max_error(bound(inputs[0]), expected) <= 1  # and again: the packed weights persist
+
+
+def test_bound_dense_weights_are_packed_once():
+    workload = dense(32, 64, 48)
+    kernel = build(workload, "llvm", fallback_config(workload, "llvm"))
+    x, w = workload.random_inputs()
+    bound = kernel.bind(W=w.copy())
+    assert kernel.config["pack_b"]
+    w_changed = w * 2  # a new array: the bound kernel must not look at the caller's W again
+    np.testing.assert_allclose(bound(x), x @ w.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(kernel(x, w_changed), x @ w_changed.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda a, b: (a[:, :-1], b), "expected shape (16, 24), got (16, 23)"),
+    (lambda a, b: (a.astype(np.float64), b), "expected dtype float32, got float64"),
+    (lambda a, b: (np.asfortranarray(a), b), "must be C-contiguous"),
+    (lambda a, b: (a,), "takes 2 input(s) (A, B), got 1"),
+    (lambda a, b: (a.tolist(), b), "expected a numpy.ndarray, got list"),
+])
+def test_bad_arguments_are_named(bad, message):
+    workload = matmul(16, 32, 24)
+    kernel = build(workload, "llvm", 0)
+    with pytest.raises(KernelArgumentError) as error:
+        kernel(*bad(*workload.random_inputs()))
+    assert message in str(error.value)
+    with pytest.raises(KernelArgumentError, match="output C: expected shape"):
+        kernel(*workload.random_inputs(), out=np.empty((3, 3), np.float32))
+
+
+def test_accumulators_stay_in_registers_and_vectors_are_512_bit():
+    """The fallback micro-kernel's FMAs use zmm registers and never read spilled accumulators from the stack."""
+    from workers.llvm_codegen import generate
+    from workers.llvm_jit import compile_module
+    from search_space import lower
+
+    workload, target = matmul(512, 512, 512), Target.parse("llvm -threads=1")
+    if target.vector_bits < 512:
+        pytest.skip("host has no AVX-512")
+    config = fallback_config(workload, target)
+    assembly = compile_module(generate(lower(workload, target, config), 1), target).assembly()
+    fmas = [line for line in assembly.splitlines() if "vfmadd" in line]
+    assert len(fmas) >= 16 and all("zmm" in line for line in fmas)
+    assert not [line for line in fmas if "(%rsp)" in line]
+    assert "GOMP_parallel" not in assembly
+
+
+def test_parallel_kernels_launch_through_openmp():
+    from workers.llvm_codegen import generate
+    from workers.llvm_jit import compile_module
+    from search_space import lower
+
+    workload, target = matmul(256, 256, 256), Target.parse("llvm -threads=2")
+    space = get_space(workload, target)
+    config = space.config(fallback_config(workload, target).to_dict() | {"parallel": "m"})
+    assert "GOMP_parallel" in compile_module(generate(lower(workload, target, config), 2), target).assembly()
+    inputs = workload.random_inputs()
+    assert workload.max_error(build(workload, target, config)(*inputs), workload.reference(*inputs)) <= 1

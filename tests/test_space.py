@@ -1,0 +1,97 @@
+import itertools
+import json
+import random
+
+import pytest
+
+from search_space import ConfigSpace, InvalidConfig, Knob, Target, batch_matmul, dense, get_space, matmul
+
+HOST = Target.parse("llvm")
+
+
+def small_space():
+    knobs = [Knob("a", "knob", (1, 2, 3)), Knob("b", "knob", (1, 2, 4, 8)), Knob("c", "annotate", ("x", "y"))]
+    return ConfigSpace(knobs, [(("a", "b"), lambda a, b: a * b <= 8)])
+
+
+def test_len_counts_exactly_the_valid_points():
+    space = small_space()
+    valid = [(a, b, c) for a, b, c in itertools.product((1, 2, 3), (1, 2, 4, 8), ("x", "y")) if a * b <= 8]
+    assert len(space) == len(valid)
+    assert sorted((c["a"], c["b"], c["c"]) for c in space) == sorted(valid)
+
+
+def test_get_and_index_of_are_inverse():
+    space = get_space(dense(128, 768, 768), HOST)
+    for index in random.Random(0).sample(range(space.size), 200) + [0, space.size - 1]:
+        config = space.get(index)
+        assert space.index_of(config.to_dict()) == index
+
+
+def test_index_beyond_int64():
+    knobs = [Knob(f"k{i}", "knob", tuple(range(10))) for i in range(25)]
+    space = ConfigSpace(knobs)
+    assert space.size == 10 ** 25 > 2 ** 63
+    index = 10 ** 25 - 12345
+    config = space.get(index)
+    assert space.index_of(config.to_dict()) == index
+    assert len({c.index for c in space.sample(50, 1)}) == 50
+
+
+def test_sampling_is_distinct_and_honours_exclusions():
+    space = small_space()
+    every = space.sample(len(space), 3)
+    assert len({c.index for c in every}) == len(space)
+    some = space.sample(5, 4, exclude={0, 1, 2})
+    assert len(some) == 5 and not {c.index for c in some} & {0, 1, 2}
+
+
+def test_neighbours_differ_in_exactly_one_knob():
+    space = get_space(matmul(256, 256, 256), HOST)
+    config = space.get(12345)
+    neighbours = space.neighbours(config)
+    assert neighbours
+    for n in neighbours:
+        differing = [k for k in space.knobs if n[k] != config[k]]
+        assert len(differing) == 1
+        assert space.index_of(n.to_dict()) == n.index
+
+
+def test_json_round_trip():
+    space = get_space(batch_matmul(12, 128, 128, 64), HOST)
+    config = space.get(4242)
+    text = config.to_json()
+    assert space.from_json(text) == config
+    assert space.from_json(json.loads(text)) == config
+
+
+def test_foreign_configs_are_rejected_with_reasons():
+    space = get_space(matmul(64, 64, 64), HOST)
+    values = space.get(0).to_dict()
+    with pytest.raises(InvalidConfig, match="vec=3 is not a candidate"):
+        space.index_of(values | {"vec": 3})
+    with pytest.raises(InvalidConfig, match="missing"):
+        space.index_of({k: v for k, v in values.items() if k != "vec"})
+    with pytest.raises(InvalidConfig, match="out of range"):
+        space.get(space.size)
+    with pytest.raises(InvalidConfig, match="does not match"):
+        space.from_json({"index": 1, "knobs": values})
+
+
+def test_register_blocks_fit_the_register_file():
+    space = get_space(matmul(1024, 1024, 1024), HOST)
+    for config in space.sample(500, 0):
+        mr, nr, vec = config["tile_m"][2], config["tile_n"][2], config["vec"]
+        assert nr % vec == 0
+        assert mr * (nr // vec) + nr // vec + 1 <= HOST.vector_registers
+
+
+def test_prime_sizes_still_have_real_choices():
+    space = get_space(matmul(127, 127, 127), HOST)
+    assert len({c[2] for c in space.knobs["tile_m"].candidates}) > 5
+    assert len(space.knobs["tile_k"].candidates) > 2
+
+
+def test_one_thread_targets_offer_no_parallel_loop():
+    space = get_space(matmul(256, 256, 256), Target.parse("llvm -threads=1"))
+    assert space.knobs["parallel"].candidates == ("none",)

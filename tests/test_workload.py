@@ -1,0 +1,48 @@
+import numpy as np
+import pytest
+
+from search_space import Workload, WorkloadError, batch_matmul, dense, matmul
+
+
+def test_keys_follow_the_design_card():
+    assert matmul(512, 512, 512).key == "matmul(M=512,N=512,K=512,dtype=float32)"
+    assert dense(128, 3072, 768, bias=True, epilogue="gelu").key == \
+        "dense(M=128,N=3072,K=768,bias=true,epilogue=gelu,dtype=float32)"
+    assert dense(128, 768, 768).key == "dense(M=128,N=768,K=768,dtype=float32)"
+    assert batch_matmul(12, 128, 128, 64).key == "batch_matmul(B=12,M=128,N=128,K=64,dtype=float32)"
+
+
+@pytest.mark.parametrize("workload", [matmul(3, 5, 7), dense(4, 6, 8, bias=True, epilogue="relu"), batch_matmul(2, 3, 4, 5)])
+def test_key_round_trips(workload):
+    assert Workload.from_key(workload.key) == workload
+    assert Workload.from_key(workload.key).key == workload.key
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Workload.make("conv3d", M=1), "unknown op 'conv3d'"),
+    (lambda: matmul(0, 4, 4), "parameter M=0 is out of range"),
+    (lambda: matmul(4, -1, 4), "parameter N=-1 is out of range"),
+    (lambda: matmul(4, 4, 1 << 20), "parameter K=1048576 is out of range"),
+    (lambda: matmul(4.5, 4, 4), "parameter M must be an integer"),
+    (lambda: Workload.make("matmul", M=4, N=4), "missing parameter(s) K"),
+    (lambda: Workload.make("matmul", M=4, N=4, K=4, Q=1), "unknown parameter(s) Q"),
+    (lambda: matmul(4, 4, 4, dtype="float16"), "unsupported dtype 'float16'"),
+    (lambda: dense(4, 4, 4, epilogue="tanh"), "unknown epilogue 'tanh'"),
+    (lambda: matmul(65536, 65536, 1), "more than"),
+    (lambda: Workload.from_key("matmul[M=1]"), "not a workload key"),
+])
+def test_bad_workloads_say_what_is_wrong(make, message):
+    with pytest.raises(WorkloadError, match=None) as error:
+        make()
+    assert message in str(error.value)
+
+
+def test_flops_inputs_and_reference():
+    w = dense(3, 4, 5, bias=True, epilogue="relu")
+    x, weight, bias = w.random_inputs(seed=1)
+    assert [a.shape for a in (x, weight, bias)] == [(3, 5), (4, 5), (4,)]
+    assert all(a.dtype == np.float32 for a in (x, weight, bias))
+    np.testing.assert_allclose(w.reference(x, weight, bias), np.maximum(x @ weight.T + bias, 0), rtol=1e-6)
+    assert w.flops == 2 * 3 * 4 * 5
+    assert batch_matmul(2, 3, 4, 5).flops == 2 * 2 * 3 * 4 * 5
+    assert w.max_error(w.reference(x, weight, bias) + 10 * w.tolerance, w.reference(x, weight, bias)) > 1
