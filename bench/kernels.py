@@ -22,7 +22,7 @@ from search_space import Config, Target, Workload, batch_matmul, dense, fallback
 from workers import build
 from workers.timing import time_samples
 
-from .peak import peak_gflops
+from .peak import launch_microseconds, peak_gflops
 
 SHAPES = [
     matmul(1024, 1024, 1024), matmul(512, 512, 512),
@@ -136,8 +136,9 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
     rows = []
     for threads in thread_counts:
         target = Target.parse(f"llvm -threads={threads}")
-        peak = peak_gflops(target)
-        console.print(f"peak FMA rate, {threads} thread(s): {peak:.1f} GFLOPS")
+        peak, launch = peak_gflops(target), launch_microseconds(target)
+        console.print(f"{threads} thread(s): peak FMA rate {peak:.1f} GFLOPS; "
+                      f"a kernel launch from Python costs {launch:.1f} µs")
         for workload in shapes:
             start = time.perf_counter()
             best, tried = search(workload, target, trials, seed, min_repeat_ms)
@@ -148,7 +149,7 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
                 "numpy_gflops": round(numpy_gflops, 2),
                 "torch_gflops": round(torch_gflops, 2) if torch_gflops else None,
                 "ratio": round(gflops / max(numpy_gflops, torch_gflops or 0), 3),
-                "peak_gflops": round(peak, 2), "peak_fraction": round(gflops / peak, 3),
+                "peak_gflops": round(peak, 2), "peak_fraction": round(gflops / peak, 3), "launch_us": round(launch, 2),
                 "config": {"index": best.config.index, "knobs": best.config.to_dict()},
                 "compile_ms": round(best.compile_seconds * 1e3, 1), "candidates": tried,
                 "search_seconds": round(time.perf_counter() - start, 1), "target": str(target),

@@ -1,5 +1,5 @@
-"""The machine's peak FMA rate, measured with a kernel of independent vector FMA chains written in
-tensortune's own loop-nest IR and compiled by its own code generator."""
+"""The machine's peak FMA rate, and what launching a parallel kernel costs, both measured with
+kernels written in tensortune's own loop-nest IR and compiled by its own code generator."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,3 +35,13 @@ def peak_gflops(target: Target) -> float:
     out = np.empty((target.threads, CHAINS, width), np.float32)
     seconds = min(time_samples(lambda: function(x.ctypes.data, out.ctypes.data), repeat=5, min_repeat_ms=50))
     return 2 * width * CHAINS * ITERATIONS * target.threads / seconds / 1e9
+
+
+def launch_microseconds(target: Target) -> float:
+    """Median cost of one call from Python of a kernel whose parallel loop does one store per thread."""
+    out = Buffer("out", (target.threads,), "output")
+    x = Buffer("x", (1,), "input")
+    body = (Loop("t", target.threads, "parallel", (out.store(var("t"), x[0]),)),)
+    (function,), _compiled = compile_program(Program("launch", (x, out), (Stage("launch", body),)), target)
+    xs, outs = np.ones(1, np.float32), np.empty(target.threads, np.float32)
+    return float(np.median(time_samples(lambda: function(xs.ctypes.data, outs.ctypes.data), 7, 20))) * 1e6

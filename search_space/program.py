@@ -157,7 +157,20 @@ class If:
     orelse: tuple[Stmt, ...] = ()
 
 
-Stmt = Union[Store, Loop, If]
+@dataclass(frozen=True)
+class Call:
+    """A named sub-nest that sees only its parameters, bound here to affine values.
+
+    Identical bodies (the micro-kernel of every full tile, say) are emitted once by the code
+    generator and called, so peeled tails multiply loops, not code.
+    """
+
+    name: str
+    args: tuple[tuple[str, Affine], ...]
+    body: tuple[Stmt, ...]
+
+
+Stmt = Union[Store, Loop, If, Call]
 
 
 @dataclass(frozen=True)
@@ -213,6 +226,8 @@ def _walk(stmts, depth, loops):
             yield from _walk(stmt.body, depth + 1, loops + (stmt,))
         elif isinstance(stmt, If):
             yield from _walk(stmt.then + stmt.orelse, depth + 1, loops)
+        elif isinstance(stmt, Call):
+            yield from _walk(stmt.body, depth + 1, loops)
 
 
 def format_value(value: Value) -> str:
@@ -223,19 +238,27 @@ def format_value(value: Value) -> str:
     return f"{value.name}({', '.join(map(format_value, value.args))})"
 
 
-def format_stmts(stmts, indent: int = 0) -> list[str]:
-    pad, lines = "  " * indent, []
+def format_stmts(stmts, indent: int = 0, shown: dict | None = None) -> list[str]:
+    """Pseudo-code lines; a Call's body is printed at its first use only (`shown` remembers which)."""
+    pad, lines, shown = "  " * indent, [], {} if shown is None else shown
     for stmt in stmts:
         if isinstance(stmt, Loop):
             prefix = "" if stmt.kind == "serial" else stmt.kind + " "
             lines.append(f"{pad}{prefix}for {stmt.var} in range({stmt.extent}):")
-            lines += format_stmts(stmt.body, indent + 1)
+            lines += format_stmts(stmt.body, indent + 1, shown)
         elif isinstance(stmt, If):
             lines.append(f"{pad}if {stmt.lhs} {stmt.op} {stmt.rhs}:")
-            lines += format_stmts(stmt.then, indent + 1)
+            lines += format_stmts(stmt.then, indent + 1, shown)
             if stmt.orelse:
                 lines.append(f"{pad}else:")
-                lines += format_stmts(stmt.orelse, indent + 1)
+                lines += format_stmts(stmt.orelse, indent + 1, shown)
+        elif isinstance(stmt, Call):
+            first = stmt.body not in shown
+            label = shown.setdefault(stmt.body, f"{stmt.name}_{len(shown)}")
+            args = ", ".join(f"{name}={value}" for name, value in stmt.args)
+            lines.append(f"{pad}{label}({args}){':' if first else ''}")
+            if first:
+                lines += format_stmts(stmt.body, indent + 1, shown)
         else:
             lines.append(f"{pad}{stmt.buffer.name}[{', '.join(map(str, stmt.index))}] = {format_value(stmt.value)}")
     return lines
@@ -244,7 +267,8 @@ def format_stmts(stmts, indent: int = 0) -> list[str]:
 def format_program(program: Program) -> str:
     lines = [f"# {program.name}"]
     lines += [f"# {b.scope:8} {b.name}[{', '.join(map(str, b.shape))}] {b.dtype}" for b in program.buffers]
+    shown: dict = {}
     for stage in program.stages:
         lines.append(f"\n# stage {stage.name}{' (constant: weights only, hoisted when bound)' if stage.constant else ''}")
-        lines += format_stmts(stage.body)
+        lines += format_stmts(stage.body, 0, shown)
     return "\n".join(lines)

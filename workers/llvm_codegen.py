@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from search_space.program import Affine, Buffer, Const, If, Load, Loop, Op, Program, Stage, Store, Value
+from search_space.program import Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, Store, Value
 
 F32, I32, I64, PTR = ir.FloatType(), ir.IntType(32), ir.IntType(64), ir.PointerType()
 VOID = ir.VoidType()
@@ -62,6 +62,7 @@ class LLVMCodegen:
         self.memory = program.scope("input", "output", "packed")
         self.registers = program.scope("register")
         self._intrinsics: dict[str, ir.Function] = {}
+        self._subroutines: dict[tuple, ir.Function] = {}
 
     def generate(self) -> ir.Module:
         for stage in self.program.stages:
@@ -132,6 +133,8 @@ class LLVMCodegen:
                 self.store(f, stmt, vector)
             elif isinstance(stmt, If):
                 self.branch(f, stmt, vector)
+            elif isinstance(stmt, Call):
+                self.call(f, stmt, vector)
             elif stmt.kind == "unrolled" or (stmt.kind == "vectorized" and stmt.extent == 1):
                 for i in range(stmt.extent):
                     f.env[stmt.var] = i
@@ -180,6 +183,23 @@ class LLVMCodegen:
                 f.scoped(lambda: self.stmts(f, stmt.then, vector))
             with orelse:
                 f.scoped(lambda: self.stmts(f, stmt.orelse, vector))
+
+    def call(self, f: _Function, stmt: Call, vector: _Vector | None) -> None:
+        """Emit each distinct body once, as a noinline function over (buffers..., i64 params...)."""
+        if vector is not None:
+            raise CodegenError(f"call of {stmt.name} inside vectorized loop {vector.var}")
+        names = tuple(name for name, _ in stmt.args)
+        key = (stmt.name, names, stmt.body)
+        if key not in self._subroutines:
+            sub = self._function(f"{stmt.name}.{len(self._subroutines)}", [I64] * len(names))
+            sub.fn.attributes.add("noinline")
+            sub.fn.linkage = "internal"
+            sub.env = dict(zip(names, sub.fn.args[len(self.memory):]))
+            self.stmts(sub, stmt.body)
+            sub.builder.ret_void()
+            self._subroutines[key] = sub.fn
+        arguments = [self.index(f, value) for _, value in stmt.args]
+        f.builder.call(self._subroutines[key], list(f.fn.args[:len(self.memory)]) + arguments)
 
     def store(self, f: _Function, stmt: Store, vector: _Vector | None) -> None:
         b = f.builder

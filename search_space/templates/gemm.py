@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..program import Affine, Buffer, Const, If, Load, Loop, Op, Program, Stage, Store, tiled, var
+from ..program import Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, Store, tiled, var
 from ..space import Config, ConfigSpace, Knob
 from ..target import Target
 from ..workload import Workload
@@ -167,10 +167,13 @@ class _Gemm:
                      "unrolled")
 
     def micro_kernel(self, chunks):
+        """An mr × nr block of C over one k-block, as a call: identical tiles share one body."""
         (b, _), (m0, mr), (n0, nr), (k0, kc) = chunks["b"], chunks["m"], chunks["n"], chunks["k"]
+        args = (("b0", b), ("m0", m0), ("n0", n0), ("k0", k0)) + ((("p0", n0.exact_div(self.nr)),) if self.pack else ())
+        b, m0, n0, k0 = var("b0"), var("m0"), var("n0"), var("k0")
         rows = lambda body: [Loop("r", mr, "unrolled", tuple(self._columns(nr, lambda c: body(var("r"), c))))]
         zero = rows(lambda r, c: [self.acc.store((r, c), Const(0.0))])
-        source = (lambda k, c: self.bp[self._batch(b, n0.exact_div(self.nr), k, c)]) if self.pack else \
+        source = (lambda k, c: self.bp[self._batch(b, var("p0"), k, c)]) if self.pack else \
             (lambda k, c: self.b_element(b, k, n0 + c))
 
         def step(k):
@@ -178,7 +181,8 @@ class _Gemm:
                 self.a[self._batch(b, m0 + r, k)], source(k, c), self.acc[r, c])))])
 
         k_loop = tiled("ki", kc, self.unroll, k0, lambda k, u: [Loop("ku", u, "unrolled", tuple(step(k + var("ku"))))])
-        return zero + k_loop + self.write_back(b, m0, n0, k0, kc, rows)
+        body = zero + k_loop + self.write_back(b, m0, n0, k0, kc, rows)
+        return [Call("micro_kernel", tuple((name, value) for name, value in args), tuple(body))]
 
     def write_back(self, b, m0, n0, k0, kc, rows):
         """C = acc on the first k-block, C += acc after; bias and epilogue once the last block is in."""

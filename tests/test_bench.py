@@ -1,0 +1,23 @@
+"""The kernel benchmark's output format (its figures are read in bench/, never asserted here)."""
+import json
+
+from typer.testing import CliRunner
+
+from service.cli import app
+
+FIELDS = {"workload", "threads", "gflops", "numpy_gflops", "torch_gflops", "ratio", "peak_fraction", "config",
+          "launch_us"}
+
+
+def test_bench_kernels_json_lines():
+    result = CliRunner().invoke(app, ["bench", "kernels", "--json", "--trials", "2", "--only", "batch_matmul(B=12,M=128,N=128"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert {row["threads"] for row in rows} >= {1}
+    for row in rows:
+        assert FIELDS <= set(row)
+        assert row["workload"] == "batch_matmul(B=12,M=128,N=128,K=64,dtype=float32)"
+        assert row["gflops"] > 0 and row["numpy_gflops"] > 0 and 0 < row["peak_fraction"] < 1.5
+        best_reference = max(row["numpy_gflops"], row["torch_gflops"] or 0)
+        assert abs(row["ratio"] - row["gflops"] / best_reference) < 0.01
+        assert set(row["config"]["knobs"]) >= {"tile_m", "tile_n", "vec", "parallel", "pack_b"}
