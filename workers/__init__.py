@@ -3,6 +3,11 @@ from .build import build, compile_program, resolve_config
 from .kernel import BoundKernel, Kernel, KernelArgumentError
 from .llvm_codegen import CodegenError
 from .llvm_jit import CompileError
+from .measure import measure
+from .pool import Pool, PoolOptions, RayPoolOptions, make_pool
 from .result import MeasureInput, MeasureResult, Outcome
+from .task import MeasureOptions, Task
 
-__all__ = ["BoundKernel", "CodegenError", "CompileError", "Kernel", "KernelArgumentError", "build", "compile_program", "resolve_config", "MeasureInput", "MeasureResult", "Outcome"]
+__all__ = ["BoundKernel", "CodegenError", "CompileError", "Kernel", "KernelArgumentError", "build", "compile_program",
+           "resolve_config", "MeasureInput", "MeasureOptions", "MeasureResult", "Outcome", "Pool", "PoolOptions",
+           "RayPoolOptions", "Task", "make_pool", "measure"]

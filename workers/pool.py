@@ -1,0 +1,52 @@
+"""The measurement pool interface, its typed options, and the one table that names the pools.
+
+A pool takes a batch of candidates and returns one `MeasureResult` per candidate, in order,
+whatever the candidates do to the processes that run them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from .result import MeasureResult
+from .task import MeasureOptions, Task
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """How a host's cores are shared. With `exclusive_timing`, a batch's builds run in parallel on
+    `workers` processes, then the built candidates are checked and timed one at a time while no
+    build runs; without it every worker times as soon as it has built (faster, noisier numbers)."""
+
+    workers: int = 0  # worker processes per host; 0: one per core this process may use
+    exclusive_timing: bool = True
+    build_timeout: float = 20.0  # seconds per candidate, from dispatch to built
+    run_timeout: float = 20.0  # seconds per candidate for the check and the timing
+    start_timeout: float = 60.0  # seconds for a new worker process to import and report ready
+
+
+@dataclass(frozen=True)
+class RayPoolOptions(PoolOptions):
+    """A Ray cluster: one agent actor per host, each running a local pool on its host's cores."""
+
+    address: str | None = None  # None: RAY_ADDRESS, else a local cluster started on first use
+    gpu_resource: str = "GPU"  # the resource a cuda host advertises (tests use a fake one)
+    max_restarts: int = 3  # per agent actor
+    watchdog_slack: float = 30.0  # seconds beyond the batch's timeouts before an agent counts as stuck
+
+
+class Pool(Protocol):
+    def measure(self, tasks: Sequence[Task], options: MeasureOptions) -> list[MeasureResult]: ...
+
+    def close(self) -> None: ...
+
+
+def make_pool(kind: str = "local", options: PoolOptions | None = None) -> Pool:
+    """`local` (worker processes on this machine) or `ray` (agent actors on a Ray cluster)."""
+    if kind == "local":
+        from .pool_local import LocalPool
+        return LocalPool(options or PoolOptions())
+    if kind == "ray":
+        from .pool_ray import RayPool
+        return RayPool(options or RayPoolOptions())
+    raise ValueError(f"unknown pool {kind!r}; pools: local, ray")

@@ -1,0 +1,206 @@
+"""The local pool: candidates built and run in worker processes on this machine.
+
+A candidate that hangs is killed at its timeout (`build_timeout`, `run_timeout`); one that
+crashes its process with a fault signal is a `runtime_error` (a `compile_error` while
+building); a process that vanishes otherwise (SIGKILL, the OOM killer) has its candidate
+retried once on another process, then recorded `worker_lost`. Each dead process is replaced.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection, wait
+from typing import Sequence
+
+from .pool import PoolOptions
+from .result import MeasureResult, Outcome
+from .task import Built, MeasureOptions, Task, build_step, failed, run_step
+
+FAULT_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
+
+
+def serve(conn: Connection) -> None:
+    """A worker process: build on ("build", task), check and time on ("run", options), stop on None."""
+    conn.send("ready")
+    built: Built | MeasureResult | None = None
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the pool is gone
+            return
+        if message is None:
+            return
+        kind, payload = message
+        if kind == "build":
+            built = build_step(payload)
+            conn.send(built if isinstance(built, MeasureResult) else None)
+        else:
+            conn.send(run_step(built, payload))
+            built = None
+
+
+class Worker:
+    def __init__(self, context):
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=serve, args=(child,), daemon=True, name="tensortune-worker")
+        self.process.start()
+        child.close()
+        self.ready = False
+
+    def await_ready(self, timeout: float) -> bool:
+        """Wait until the process has imported everything, so its start-up overlaps no timing run."""
+        try:
+            self.ready = self.ready or (self.conn.poll(timeout) and self.conn.recv() == "ready")
+        except (EOFError, OSError):
+            self.ready = False
+        return self.ready
+
+    def send(self, message, start_timeout: float) -> bool:
+        """False if the process died or never came up."""
+        try:
+            if self.await_ready(start_timeout):
+                self.conn.send(message)
+                return True
+        except OSError:
+            pass
+        return False
+
+    @property
+    def name(self) -> str:
+        return f"pid-{self.process.pid}"
+
+    def death(self) -> int | None:
+        """The fault signal that killed the process, or None if it was lost another way."""
+        self.process.join(1.0)
+        code = self.process.exitcode
+        return -code if code is not None and -code in FAULT_SIGNALS else None
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join()
+        self.conn.close()
+
+
+@dataclass
+class Batch:
+    """The candidates of one `measure` call, their results so far, and (index, attempt) still to run."""
+
+    tasks: list[Task]
+    results: list[MeasureResult | None]
+    queue: deque
+
+
+class LocalPool:
+    def __init__(self, options: PoolOptions = PoolOptions()):
+        self.options = options
+        self._context = multiprocessing.get_context("spawn")
+        count = options.workers or len(os.sched_getaffinity(0))
+        self._workers = [Worker(self._context) for _ in range(count)]
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers]
+
+    def measure(self, tasks: Sequence[Task], options: MeasureOptions = MeasureOptions()) -> list[MeasureResult]:
+        batch = Batch(list(tasks), [None] * len(tasks), deque((index, 0) for index in range(len(tasks))))
+        while batch.queue:
+            wave = [batch.queue.popleft() for _ in range(min(len(self._workers), len(batch.queue)))]
+            self._wave(batch, dict(enumerate(wave)), options)
+        return batch.results
+
+    def _wave(self, batch: Batch, slots: dict, options: MeasureOptions) -> None:
+        """Build one candidate per worker in parallel, then run them (one at a time if exclusive)."""
+        pending = {}
+        for slot, (index, _) in slots.items():
+            if self._workers[slot].await_ready(self.options.start_timeout):
+                pending[slot] = time.perf_counter()  # before sending: the worker may start at once
+            if not self._workers[slot].send(("build", batch.tasks[index]), self.options.start_timeout):
+                pending.pop(slot, None)
+                self._lost(batch, slots, slot, "build")
+        built = self._collect(batch, slots, pending, "build")
+        groups = [{slot: wall} for slot, wall in built.items()] if self.options.exclusive_timing else [built]
+        for group in groups:
+            self._run(batch, slots, group, options)
+
+    def _run(self, batch: Batch, slots: dict, built: dict, options: MeasureOptions) -> None:
+        pending = {}
+        for slot in built:
+            pending[slot] = time.perf_counter()
+            self._workers[slot].send(("run", options), self.options.start_timeout)
+        for slot, (result, wall) in self._collect(batch, slots, pending, "run").items():
+            index, attempt = slots[slot]
+            bookkeeping = built[slot] + wall - sum(result.phases.values())
+            result = replace(result, phases=result.phases | {"dispatch": bookkeeping})
+            batch.results[index] = replace(result, error="retried once after its worker was lost") if attempt else result
+
+    def _collect(self, batch: Batch, slots: dict, pending: dict, step: str) -> dict:
+        """Replies in arrival order: {slot: wall seconds} of built candidates, {slot: (result, wall)} of runs."""
+        timeout = self.options.build_timeout if step == "build" else self.options.run_timeout
+        done = {}
+        connections = {self._workers[slot].conn: slot for slot in pending}
+        while connections:
+            deadline = min(pending[slot] for slot in connections.values()) + timeout
+            for conn in wait(list(connections), max(0.0, deadline - time.perf_counter())):
+                slot = connections.pop(conn)
+                try:
+                    reply = conn.recv()
+                except (EOFError, OSError):
+                    self._lost(batch, slots, slot, step)
+                    continue
+                wall = time.perf_counter() - pending[slot]
+                if step == "run":
+                    done[slot] = (reply, wall)
+                elif reply is None:
+                    done[slot] = wall
+                else:
+                    batch.results[slots[slot][0]] = reply
+            for conn, slot in list(connections.items()):
+                if pending[slot] + timeout <= time.perf_counter():
+                    del connections[conn]
+                    self._timeout(batch, slots, slot, step, timeout)
+        return done
+
+    def _timeout(self, batch: Batch, slots: dict, slot: int, step: str, limit: float) -> None:
+        outcome = Outcome.BUILD_TIMEOUT if step == "build" else Outcome.RUN_TIMEOUT
+        batch.results[slots[slot][0]] = failed(outcome, f"{step} exceeded {limit:g} s; worker replaced", time.time(),
+                                               worker=self._workers[slot].name)
+        self._replace(slot)
+
+    def _lost(self, batch: Batch, slots: dict, slot: int, step: str) -> None:
+        index, attempt = slots[slot]
+        fault, worker = self._workers[slot].death(), self._workers[slot].name
+        self._replace(slot)
+        if fault is not None:
+            outcome = Outcome.COMPILE_ERROR if step == "build" else Outcome.RUNTIME_ERROR
+            batch.results[index] = failed(outcome, f"worker crashed with {signal.Signals(fault).name} in {step}",
+                                          time.time(), worker=worker)
+        elif attempt == 0:
+            batch.queue.append((index, 1))
+        else:
+            batch.results[index] = failed(Outcome.WORKER_LOST, f"worker lost in {step} twice", time.time(), worker=worker)
+
+    def _replace(self, slot: int) -> None:
+        self._workers[slot].stop()
+        self._workers[slot] = Worker(self._context)
+        self._workers[slot].await_ready(self.options.start_timeout)
+
+    def close(self) -> None:
+        for worker in self._workers:
+            try:
+                worker.conn.send(None)
+            except OSError:
+                pass
+        for worker in self._workers:
+            worker.process.join(2.0)
+            worker.stop()
+
+    def __enter__(self) -> LocalPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

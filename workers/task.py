@@ -1,0 +1,130 @@
+"""A candidate in wire form and the two steps a worker applies to it: build, then check and time.
+
+A `Workload` holds its operator's math as functions and does not pickle, so a candidate
+crosses process and host boundaries as three strings (workload key, target, config JSON);
+it is rebuilt where it runs. Both steps return a failed `MeasureResult` instead of raising,
+so a worker can report any candidate's fault as an outcome.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from search_space import InvalidConfig, NoTemplate, Target, Workload, WorkloadError
+
+from .build import build, resolve_config
+from .kernel import Kernel
+from .llvm_codegen import CodegenError
+from .llvm_jit import CompileError
+from .result import MeasureInput, MeasureResult, Outcome
+from .timing import cache_flusher, time_samples
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """The timing protocol: `repeat` samples of calls lasting at least `min_repeat_ms` each."""
+
+    repeat: int = 5
+    min_repeat_ms: float = 20.0
+    flush_cache_bytes: int = 0  # > 0: write this many bytes (more than the LLC) before each timed call
+    cooldown_ms: float = 0.0  # sleep between samples
+    check: bool = True  # compare with the NumPy reference first (wrong_answer)
+
+
+@dataclass(frozen=True)
+class Task:
+    workload: str  # Workload.key
+    target: str
+    config: str  # Config.to_json()
+
+    @classmethod
+    def of(cls, measure_input: MeasureInput) -> Task:
+        config = measure_input.config
+        return cls(measure_input.workload.key, str(measure_input.target), config.to_json())
+
+    @property
+    def kind(self) -> str:
+        return self.target.split()[0]
+
+    def build(self) -> Kernel:
+        workload, target = Workload.from_key(self.workload), Target.parse(self.target)
+        return build(workload, target, resolve_config(workload, target, json.loads(self.config)))
+
+
+@dataclass
+class Built:
+    """A compiled candidate held by the worker that built it (its machine code lives in that process)."""
+
+    task: Task
+    kernel: Kernel
+    started_at: float
+    phases: dict = field(default_factory=dict)
+
+
+def identity() -> tuple[str, str]:
+    """(worker, host) as recorded with every result."""
+    return f"pid-{os.getpid()}", socket.gethostname()
+
+
+def failed(outcome: Outcome, error: str, started_at: float, phases: dict | None = None,
+           worker: str = "") -> MeasureResult:
+    """A failed record; `worker` names the process when the pool reports for a dead one."""
+    own, host = identity()
+    worker = worker or own
+    return MeasureResult(outcome, worker=worker, host=host, started_at=started_at, finished_at=time.time(),
+                         error=error[-2000:], phases=phases or {})
+
+
+def build_step(task: Task) -> Built | MeasureResult:
+    started_at, start = time.time(), time.perf_counter()
+    try:
+        kernel = task.build()
+    except (CompileError, CodegenError, NotImplementedError) as error:
+        return failed(Outcome.COMPILE_ERROR, f"{type(error).__name__}: {error}", started_at)
+    except MemoryError as error:
+        return failed(Outcome.RUNTIME_ERROR, f"MemoryError: {error}", started_at)
+    except (InvalidConfig, WorkloadError, NoTemplate) as error:
+        return failed(Outcome.INVALID_CONFIG, f"{type(error).__name__}: {error}", started_at)
+    except Exception:  # noqa: BLE001 — any other fault of the candidate is a record, not a crash
+        return failed(Outcome.COMPILE_ERROR, traceback.format_exc(), started_at)
+    return Built(task, kernel, started_at, {"build": time.perf_counter() - start})
+
+
+@lru_cache(maxsize=8)
+def _reference(workload: Workload) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    inputs = workload.random_inputs()
+    return inputs, workload.reference(*inputs)
+
+
+def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
+    """Check against NumPy, then time; the kernel's compile time is reported from its own clock."""
+    kernel, phases = built.kernel, dict(built.phases)
+    try:
+        start = time.perf_counter()
+        inputs, expected = _reference(kernel.workload)
+        out = np.empty_like(expected)
+        if options.check:
+            kernel(*inputs, out=out)
+            error = kernel.workload.max_error(out, expected)
+            if not error <= 1:
+                phases["check"] = time.perf_counter() - start
+                return failed(Outcome.WRONG_ANSWER, f"max error {error:.3g}x the tolerance",
+                              built.started_at, phases)
+        phases["check"] = time.perf_counter() - start
+        start = time.perf_counter()
+        flush = cache_flusher(options.flush_cache_bytes) if options.flush_cache_bytes else None
+        samples = time_samples(lambda: kernel(*inputs, out=out), options.repeat, options.min_repeat_ms,
+                               flush, options.cooldown_ms)
+        phases["time"] = time.perf_counter() - start
+    except Exception:  # noqa: BLE001
+        return failed(Outcome.RUNTIME_ERROR, traceback.format_exc(), built.started_at, phases)
+    worker, host = identity()
+    return MeasureResult(Outcome.OK, tuple(samples), kernel.compile_seconds, kernel.workload.flops, worker, host,
+                         built.started_at, time.time(), phases=phases)
