@@ -24,6 +24,7 @@ from workers.timing import time_samples
 
 from .peak import launch_microseconds, peak_gflops
 
+MIN_REPEAT_MS = {True: 10.0, False: 30.0}  # by --quick
 SHAPES = [
     matmul(1024, 1024, 1024), matmul(512, 512, 512),
     dense(128, 768, 768), dense(128, 3072, 768), dense(128, 768, 3072),
@@ -48,7 +49,7 @@ def kernel_call(workload: Workload, target: Target, config: Config, inputs):
     return kernel, lambda: kernel(*inputs, out=out), out
 
 
-def measure(workload: Workload, target: Target, config: Config, inputs, expected, min_repeat_ms: float) -> Measured:
+def try_config(workload: Workload, target: Target, config: Config, inputs, expected, min_repeat_ms: float) -> Measured:
     kernel, call, out = kernel_call(workload, target, config, inputs)
     call()
     error = workload.max_error(out, expected)
@@ -59,7 +60,8 @@ def measure(workload: Workload, target: Target, config: Config, inputs, expected
 
 
 def search(workload: Workload, target: Target, trials: int, seed: int, min_repeat_ms: float) -> tuple[Measured, int]:
-    """Fallback + random third of the budget, then greedy one-knob descent from the best."""
+    """Fallback + random third of the budget, then greedy one-knob descent from the best.
+    (The final figures come from `head_to_head`, not from this search.)"""
     space, rng = get_space(workload, target), random.Random(seed)
     inputs = workload.random_inputs()
     expected = workload.reference(*inputs)
@@ -69,7 +71,7 @@ def search(workload: Workload, target: Target, trials: int, seed: int, min_repea
     def trial(config: Config) -> None:
         nonlocal best
         seen.add(config.index)
-        result = measure(workload, target, config, inputs, expected, min_repeat_ms)
+        result = try_config(workload, target, config, inputs, expected, min_repeat_ms)
         if best is None or result.seconds < best.seconds:
             best = result
 
@@ -88,31 +90,35 @@ def search(workload: Workload, target: Target, trials: int, seed: int, min_repea
     return best, len(seen)
 
 
-def reference_gflops(workload: Workload, threads: int, inputs) -> tuple[float, float | None]:
-    """NumPy and (when installed) PyTorch on the same inputs and thread count."""
-    with threadpool_limits(threads):
-        if workload.op == "dense":
-            x, w = inputs[:2]
-            numpy_call = lambda: np.matmul(x, w.T)
-        else:
-            numpy_call = lambda: np.matmul(*inputs)
-        numpy_seconds = float(np.median(time_samples(numpy_call, repeat=5, min_repeat_ms=50)))
-    torch_seconds = None
+def reference_calls(workload: Workload, threads: int, inputs) -> dict:
+    """NumPy and (when installed) PyTorch computing the same product on the same inputs."""
+    if workload.op == "dense":
+        x, w = inputs[:2]
+        calls = {"numpy": lambda: np.matmul(x, w.T)}
+    else:
+        calls = {"numpy": lambda: np.matmul(*inputs)}
     try:
         import torch
     except ImportError:
-        torch = None
-    if torch is not None:
-        torch.set_num_threads(threads)
-        tensors = [torch.from_numpy(a) for a in inputs]
-        with torch.inference_mode():
-            if workload.op == "dense":
-                torch_call = lambda: torch.nn.functional.linear(tensors[0], tensors[1])
-            else:
-                torch_call = lambda: torch.matmul(*tensors)
-            torch_seconds = float(np.median(time_samples(torch_call, repeat=5, min_repeat_ms=50)))
-    gflops = lambda s: workload.flops / s / 1e9
-    return gflops(numpy_seconds), (gflops(torch_seconds) if torch_seconds else None)
+        return calls
+    torch.set_num_threads(threads)
+    tensors = [torch.from_numpy(a) for a in inputs]
+    if workload.op == "dense":
+        calls["torch"] = lambda: torch.nn.functional.linear(tensors[0], tensors[1])
+    else:
+        calls["torch"] = lambda: torch.matmul(*tensors)
+    return calls
+
+
+def head_to_head(calls: dict, threads: int, rounds: int, min_repeat_ms: float) -> dict[str, float]:
+    """Median seconds per call of each contender, timed in alternating rounds so that any passing
+    load on the machine hits all of them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    with threadpool_limits(threads):
+        for _ in range(rounds):
+            for name, call in calls.items():
+                samples[name] += time_samples(call, repeat=1, min_repeat_ms=min_repeat_ms)
+    return {name: float(np.median(values)) for name, values in samples.items()}
 
 
 def blas_description() -> str:
@@ -122,10 +128,29 @@ def blas_description() -> str:
     return kernel + (f"; environment {env}" if env else "")
 
 
+def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quick: bool) -> dict:
+    """Search one shape, then time the best config head to head with the references."""
+    start = time.perf_counter()
+    best, tried = search(workload, target, trials, seed, MIN_REPEAT_MS[quick])
+    inputs = workload.random_inputs()
+    _, ours, _ = kernel_call(workload, target, best.config, inputs)
+    seconds = head_to_head({"tensortune": ours} | reference_calls(workload, target.threads, inputs), target.threads,
+                           rounds=3 if quick else 7, min_repeat_ms=MIN_REPEAT_MS[quick])
+    gflops = {name: workload.flops / s / 1e9 for name, s in seconds.items()}
+    return {
+        "workload": workload.key, "threads": target.threads, "gflops": round(gflops["tensortune"], 2),
+        "numpy_gflops": round(gflops["numpy"], 2),
+        "torch_gflops": round(gflops["torch"], 2) if "torch" in gflops else None,
+        "ratio": round(gflops["tensortune"] / max(gflops["numpy"], gflops.get("torch", 0)), 3),
+        "config": {"index": best.config.index, "knobs": best.config.to_dict()},
+        "compile_ms": round(best.compile_seconds * 1e3, 1), "candidates": tried,
+        "search_seconds": round(time.perf_counter() - start, 1), "target": str(target),
+    }
+
+
 def run(quick: bool = False, json_lines: bool = False, trials: int | None = None, only: str | None = None,
         seed: int = 0) -> list[dict]:
     trials = trials or (10 if quick else 60)
-    min_repeat_ms = 10.0 if quick else 30.0
     host = Target.parse("llvm")
     thread_counts = sorted({1, host.threads})
     shapes = [w for w in SHAPES if not only or only in w.key]
@@ -140,25 +165,14 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
         console.print(f"{threads} thread(s): peak FMA rate {peak:.1f} GFLOPS; "
                       f"a kernel launch from Python costs {launch:.1f} µs")
         for workload in shapes:
-            start = time.perf_counter()
-            best, tried = search(workload, target, trials, seed, min_repeat_ms)
-            numpy_gflops, torch_gflops = reference_gflops(workload, threads, workload.random_inputs())
-            gflops = workload.flops / best.seconds / 1e9
-            row = {
-                "workload": workload.key, "threads": threads, "gflops": round(gflops, 2),
-                "numpy_gflops": round(numpy_gflops, 2),
-                "torch_gflops": round(torch_gflops, 2) if torch_gflops else None,
-                "ratio": round(gflops / max(numpy_gflops, torch_gflops or 0), 3),
-                "peak_gflops": round(peak, 2), "peak_fraction": round(gflops / peak, 3), "launch_us": round(launch, 2),
-                "config": {"index": best.config.index, "knobs": best.config.to_dict()},
-                "compile_ms": round(best.compile_seconds * 1e3, 1), "candidates": tried,
-                "search_seconds": round(time.perf_counter() - start, 1), "target": str(target),
-            }
+            row = bench_shape(workload, target, trials, seed, quick) | {
+                "peak_gflops": round(peak, 2), "launch_us": round(launch, 2)}
+            row["peak_fraction"] = round(row["gflops"] / peak, 3)
             rows.append(row)
             if json_lines:
                 print(json.dumps(row), flush=True)
             else:
-                console.print(f"{workload.key} @ {threads}t: {gflops:.1f} GFLOPS, ratio {row['ratio']}")
+                console.print(f"{workload.key} @ {threads}t: {row['gflops']:.1f} GFLOPS, ratio {row['ratio']}")
     if not json_lines:
         print_table(rows)
     return rows
