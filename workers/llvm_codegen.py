@@ -48,11 +48,20 @@ class _Function:
     env: dict = field(default_factory=dict)
     # index sums already emitted, one dict per open block scope: reused while they dominate
     sums: list[dict] = field(default_factory=lambda: [{}])
+    # values loaded or stored in the current basic block, by (buffer, index, shape): reused until it ends.
+    # Buffers are noalias, so a store invalidates only its own buffer's entries.
+    known: dict = field(default_factory=dict)
 
     def scoped(self, emit) -> None:
         self.sums.append({})
+        self.known.clear()
         emit()
         self.sums.pop()
+        self.known.clear()
+
+    def forget(self, buffer: str) -> None:
+        for key in [k for k in self.known if k[0] == buffer]:
+            del self.known[key]
 
 
 class LLVMCodegen:
@@ -82,7 +91,7 @@ class LLVMCodegen:
         for reg in self.registers:
             alloca = builder.alloca(ir.ArrayType(F32, reg.size), name=reg.name)
             alloca.align = 64
-            pointers[reg.name] = alloca
+            pointers[reg.name] = builder.bitcast(alloca, F32.as_pointer())
         return _Function(fn, builder, pointers)
 
     def stage(self, stage: Stage) -> None:
@@ -120,6 +129,7 @@ class LLVMCodegen:
             cb.store(cb.ptrtoint(arg, I64), element(cb, table, I64, ir.Constant(I64, i)))
         gomp = self._extern("GOMP_parallel", VOID, [PTR, PTR, I32, I32])
         cb.call(gomp, [worker, table, ir.Constant(I32, self.threads), ir.Constant(I32, 0)])
+        caller.known.clear()
 
     def _extern(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         if name not in self._intrinsics:
@@ -200,6 +210,7 @@ class LLVMCodegen:
             self._subroutines[key] = sub.fn
         arguments = [self.index(f, value) for _, value in stmt.args]
         f.builder.call(self._subroutines[key], list(f.fn.args[:len(self.memory)]) + arguments)
+        f.known.clear()
 
     def store(self, f: _Function, stmt: Store, vector: _Vector | None) -> None:
         b = f.builder
@@ -208,13 +219,22 @@ class LLVMCodegen:
         stride = offset.coeff(vector.var) if vector else 0
         if vector and stride == 0:
             raise CodegenError(f"store to {stmt.buffer.name} does not move with vectorized loop {vector.var}")
+        f.forget(stmt.buffer.name)
         if not vector or stride == 1:
-            b.store(value, self.address(f, stmt.buffer, offset, vector, value.type), align=4)
+            parts = self.index_parts(f, offset, vector)
+            b.store(value, self.address(f, stmt.buffer, parts, value.type), align=4)
+            f.known[self._key(stmt.buffer, parts, value.type)] = value
             return
         for lane in range(vector.width):
             f.env[vector.var] = lane
-            b.store(b.extract_element(value, ir.Constant(I32, lane)), self.address(f, stmt.buffer, offset, None, F32), align=4)
+            address = self.address(f, stmt.buffer, self.index_parts(f, offset, None), F32)
+            b.store(b.extract_element(value, ir.Constant(I32, lane)), address, align=4)
         del f.env[vector.var]
+
+    @staticmethod
+    def _key(buffer: Buffer, parts: tuple, shape) -> tuple:
+        symbolic, const = parts
+        return buffer.name, None if symbolic is None else id(symbolic), const, str(shape)
 
     # --- values ----------------------------------------------------------------------------
     def value(self, f: _Function, value: Value, vector: _Vector | None):
@@ -239,25 +259,28 @@ class LLVMCodegen:
         b = f.builder
         offset = load.buffer.flat(load.index)
         stride = offset.coeff(vector.var) if vector else 0
-        if not vector or stride == 1:
-            typ = ir.VectorType(F32, vector.width) if vector else F32
-            return b.load(self.address(f, load.buffer, offset, vector, typ), typ=typ, align=4)
-        if stride == 0:
-            scalar = b.load(self.address(f, load.buffer, offset, vector, F32), typ=F32, align=4)
-            return self.splat(b, scalar, vector.width)
-        lanes = ir.Constant(ir.VectorType(F32, vector.width), None)
-        for lane in range(vector.width):  # gather
-            f.env[vector.var] = lane
-            lane_value = b.load(self.address(f, load.buffer, offset, None, F32), typ=F32, align=4)
-            lanes = b.insert_element(lanes, lane_value, ir.Constant(I32, lane))
-        del f.env[vector.var]
-        return lanes
+        if vector and stride not in (0, 1):
+            lanes = ir.Constant(ir.VectorType(F32, vector.width), ir.Undefined)
+            for lane in range(vector.width):  # gather
+                f.env[vector.var] = lane
+                address = self.address(f, load.buffer, self.index_parts(f, offset, None), F32)
+                lanes = b.insert_element(lanes, b.load(address, typ=F32, align=4), ir.Constant(I32, lane))
+            del f.env[vector.var]
+            return lanes
+        parts = self.index_parts(f, offset, vector)
+        typ = ir.VectorType(F32, vector.width) if vector else F32
+        key = self._key(load.buffer, parts, typ if stride == 1 else ("broadcast", typ))
+        if key not in f.known:
+            shape = typ if stride == 1 else F32
+            loaded = b.load(self.address(f, load.buffer, parts, shape), typ=shape, align=4)
+            f.known[key] = loaded if shape is typ else self.splat(b, loaded, vector.width)
+        return f.known[key]
 
     @staticmethod
     def splat(b: ir.IRBuilder, scalar, width: int):
         vt = ir.VectorType(F32, width)
-        one = b.insert_element(ir.Constant(vt, None), scalar, ir.Constant(I32, 0))
-        return b.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(ir.VectorType(I32, width), [0] * width))
+        one = b.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(I32, 0))
+        return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, width), [0] * width))
 
     def tanh(self, f: _Function, x, vt):
         b = f.builder
@@ -285,6 +308,13 @@ class LLVMCodegen:
 
     def index(self, f: _Function, expr: Affine, vector: _Vector | None = None):
         """Emit an affine expression as i64; the vectorized variable counts as 0 (lane 0's index)."""
+        symbolic, const = self.index_parts(f, expr, vector)
+        if symbolic is None:
+            return ir.Constant(I64, const)
+        return f.builder.add(symbolic, ir.Constant(I64, const)) if const else symbolic
+
+    def index_parts(self, f: _Function, expr: Affine, vector: _Vector | None) -> tuple:
+        """(the emitted sum of the loop-variable terms or None, the constant part)."""
         const, symbolic = expr.const, []
         for name, coeff in expr.terms:
             if vector and name == vector.var:
@@ -296,29 +326,40 @@ class LLVMCodegen:
                 const += coeff * value
             else:
                 symbolic.append((coeff, value))
-        total = self._sum(f, tuple(symbolic)) if symbolic else None
-        if total is None:
-            return ir.Constant(I64, const)
-        return f.builder.add(total, ir.Constant(I64, const)) if const else total
+        return (self._sum(f, tuple(symbolic)) if symbolic else None), const
 
     def _sum(self, f: _Function, terms: tuple) -> ir.Value:
         """Σ coeff·iv, emitted once per scope in which it dominates its uses."""
-        key = tuple((c, id(v)) for c, v in terms)
+        def emit():
+            b, total = f.builder, None
+            for coeff, value in terms:
+                term = value if coeff == 1 else b.mul(value, ir.Constant(I64, coeff))
+                total = term if total is None else b.add(total, term)
+            return total
+        return self._memo(f, ("sum",) + tuple((c, id(v)) for c, v in terms), emit)
+
+    @staticmethod
+    def _memo(f: _Function, key: tuple, emit) -> ir.Value:
+        """A pure value (index sum, address) emitted once per open scope, where it dominates later uses."""
         for scope in reversed(f.sums):
             if key in scope:
                 return scope[key]
-        b, total = f.builder, None
-        for coeff, value in terms:
-            term = value if coeff == 1 else b.mul(value, ir.Constant(I64, coeff))
-            total = term if total is None else b.add(total, term)
-        f.sums[-1][key] = total
-        return total
+        f.sums[-1][key] = value = emit()
+        return value
 
-    def address(self, f: _Function, buffer: Buffer, offset: Affine, vector: _Vector | None, typ: ir.Type):
-        """Pointer to a `typ` (float or a float vector) at the element `offset` of a buffer."""
+    def address(self, f: _Function, buffer: Buffer, parts: tuple, typ: ir.Type):
+        """Pointer to a `typ` (float or a float vector) at the element index `parts` of a buffer."""
         b = f.builder
-        scalar = element(b, f.pointers[buffer.name], F32, self.index(f, offset, vector))
-        return scalar if typ == F32 or scalar.type.is_opaque else b.bitcast(scalar, typ.as_pointer())
+        symbolic, const = parts
+
+        def emit():
+            base = f.pointers[buffer.name]
+            if symbolic is not None:
+                base = self._memo(f, ("row", buffer.name, id(symbolic)), lambda: element(b, base, F32, symbolic))
+            scalar = element(b, base, F32, ir.Constant(I64, const)) if const else base
+            return scalar if typ == F32 or scalar.type.is_opaque else b.bitcast(scalar, typ.as_pointer())
+
+        return self._memo(f, ("address", buffer.name, None if symbolic is None else id(symbolic), const, str(typ)), emit)
 
 
 def element(b: ir.IRBuilder, base, typ: ir.Type, index) -> ir.Value:
