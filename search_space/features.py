@@ -1,0 +1,109 @@
+"""Features of a lowered program for the cost model, in a fixed-length vector.
+
+`itervar` features (the default) describe the loop nest around the program's hottest
+statement, the way AutoTVM's itervar features do: per loop, from the innermost outward,
+its extent, kind and the iteration products above and below it, and per buffer accessed
+there the stride, the bytes touched and the reuse at that level; plus whole-program facts
+(FLOPs, the share of work in peeled tails, packed bytes, parallel width). Everything is
+log-scaled and measured in the program, not in knob values, so a model trained on one shape
+of an op says something about another: that is what transfer learning needs.
+`knob` features are the config's knob values themselves: cheap and exact within one space,
+meaningless across spaces.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .program import LOOP_KINDS, Call, If, Load, Loop, Program, Store
+from .space import Config, ConfigSpace
+
+MAX_LOOPS = 12  # loop slots kept around the hottest statement, innermost first
+MAX_BUFFERS = 4  # buffer slots: the stored buffer, then loads in order of appearance
+LOOP_FEATURES = 3 + len(LOOP_KINDS)
+BUFFER_FEATURES = 3
+GLOBAL_FEATURES = 6
+
+
+@dataclass(frozen=True)
+class _Site:
+    """A statement with the loops around it (call-site loops included) and how often it runs."""
+
+    store: Store
+    loops: tuple[Loop, ...]
+    weight: int  # executions per program run
+
+
+def _sites(stmts, loops=(), weight=1):
+    for stmt in stmts:
+        if isinstance(stmt, Store):
+            yield _Site(stmt, loops, weight)
+        elif isinstance(stmt, Loop):
+            yield from _sites(stmt.body, loops + (stmt,), weight * stmt.extent)
+        elif isinstance(stmt, If):  # both branches counted: which runs is data of the loop variable
+            yield from _sites(stmt.then + stmt.orelse, loops, weight)
+        elif isinstance(stmt, Call):
+            yield from _sites(stmt.body, loops, weight)
+
+
+def _loads(value):
+    if isinstance(value, Load):
+        yield value
+    for arg in getattr(value, "args", ()):
+        yield from _loads(arg)
+
+
+def _log(x: float) -> float:
+    return math.log2(1.0 + abs(x))
+
+
+def itervar_features(program: Program, flops: int) -> np.ndarray:
+    sites = [s for stage in program.stages for s in _sites(stage.body)]
+    hot = max(sites, key=lambda s: s.weight)
+    total = sum(s.weight for s in sites)
+    # peeled tail copies of the hot statement store to the same buffer: the work they hold
+    same = [s for s in sites if s.store.buffer == hot.store.buffer and type(s.store.value) is type(hot.store.value)]
+    tail_share = 1.0 - hot.weight / max(1, sum(s.weight for s in same))
+
+    accesses = [(hot.store.buffer, hot.store.index)] + [(ld.buffer, ld.index) for ld in _loads(hot.store.value)]
+    unique = list(dict.fromkeys((b, i) for b, i in accesses))[:MAX_BUFFERS]
+    loops = hot.loops[::-1][:MAX_LOOPS]  # innermost first
+    rows = []
+    below = 1
+    for depth, loop in enumerate(loops):
+        above = hot.weight // (below * loop.extent) if below * loop.extent else 1
+        row = [_log(loop.extent), _log(above), _log(below)] + [float(loop.kind == k) for k in LOOP_KINDS]
+        inner = loops[:depth + 1]
+        for buffer, index in unique:
+            offset = buffer.flat(index)
+            stride = offset.coeff(loop.var)
+            touched = math.prod(l.extent for l in inner if offset.coeff(l.var))
+            iterations = math.prod(l.extent for l in inner)
+            row += [_log(stride * 4), _log(touched * 4), _log(iterations / max(1, touched))]
+        row += [0.0] * BUFFER_FEATURES * (MAX_BUFFERS - len(unique))
+        rows.append(row)
+        below *= loop.extent
+    width = LOOP_FEATURES + BUFFER_FEATURES * MAX_BUFFERS
+    rows += [[0.0] * width] * (MAX_LOOPS - len(rows))
+    parallel = [l.extent for s in sites for l in s.loops if l.kind == "parallel"]
+    packed = sum(b.size * 4 for b in program.scope("packed"))
+    registers = sum(b.size for b in program.scope("register"))
+    overall = [_log(flops), _log(total), tail_share, _log(packed), _log(registers), _log(max(parallel, default=1))]
+    return np.asarray([x for row in rows for x in row] + overall, dtype=np.float32)
+
+
+def knob_features(space: ConfigSpace, config: Config) -> np.ndarray:
+    """Knob values as numbers: split factors log-scaled, other choices as their position among the candidates."""
+    values = []
+    for name, knob in space.knobs.items():
+        value = config[name]
+        if knob.kind == "split":
+            values += [_log(f) for f in value[1:]]
+        else:
+            values.append(float(knob.candidates.index(value)))
+    return np.asarray(values, dtype=np.float32)
+
+
+FEATURE_KINDS = ("itervar", "knob")
