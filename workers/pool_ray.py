@@ -1,0 +1,150 @@
+"""The Ray pool: one agent actor per host of a Ray cluster, each running a local pool on its host.
+
+Hosts advertise what they are through Ray resources: every node with a CPU gets a CPU agent,
+which reports its CPU model, and `llvm` candidates go only to agents of the candidate's CPU
+model; a node with the GPU resource (`num_gpus=1`, or a named resource in tests) gets a GPU
+agent for `cuda` candidates. Agents restart on failure (`max_restarts`); the candidates of a
+lost agent are retried once on another agent of their kind, then recorded `worker_lost`. A
+watchdog kills (and so restarts) an agent that overruns its batch's timeouts.
+
+A worker host joins a cluster with
+    pip install tensortune
+    ray start --address=HEAD:PORT            # add --num-gpus=1 on a GPU host
+and the head is started with `ray start --head --port=PORT`; drivers set RAY_ADDRESS or pass
+`RayPoolOptions(address=...)`. Without either, the pool starts a one-node cluster on first use.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from search_space import Target, host_target
+
+from .pool import PoolOptions, RayPoolOptions
+from .pool_local import LocalPool
+from .result import MeasureResult, Outcome
+from .task import MeasureOptions, Task, failed
+
+
+class HostAgent:
+    """Lives on one node: measures batches there with a local pool of `workers` processes.
+
+    The actor is threaded so that `describe` answers during a long batch; a lock keeps batches
+    (and so the host's build/timing policy) one at a time."""
+
+    def __init__(self, options: PoolOptions, workers: int):
+        import ray
+        self.node = ray.get_runtime_context().get_node_id()
+        self.pool = LocalPool(replace(options, workers=workers))
+        self.lock = threading.Lock()
+
+    def describe(self) -> tuple[str, str, int]:
+        return self.node, host_target().model, os.getpid()
+
+    def measure(self, tasks: Sequence[Task], options: MeasureOptions) -> list[MeasureResult]:
+        with self.lock:
+            results = self.pool.measure(tasks, options)
+        return [replace(r, worker=f"ray-{self.node[:8]}/{r.worker}") for r in results]
+
+
+@dataclass
+class Agent:
+    handle: object
+    kind: str  # llvm or cuda
+    model: str
+    node: str
+
+
+class RayPool:
+    def __init__(self, options: RayPoolOptions = RayPoolOptions()):
+        import ray
+        self.options = options
+        if not ray.is_initialized():
+            ray.init(address=options.address or os.environ.get("RAY_ADDRESS"), include_dashboard=False,
+                     logging_level="warning")
+        self.agents = self._start_agents()
+
+    def _start_agents(self) -> list[Agent]:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        remote = ray.remote(HostAgent)
+        started = []
+        for node in (n for n in ray.nodes() if n["Alive"]):
+            resources, pin = node["Resources"], NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            placement = dict(scheduling_strategy=pin, max_restarts=self.options.max_restarts, max_concurrency=2)
+            if resources.get("CPU", 0) >= 1:
+                started.append(("llvm", remote.options(num_cpus=1, **placement).remote(self.options, int(resources["CPU"]))))
+            if resources.get(self.options.gpu_resource, 0) >= 1:
+                gpu = {"num_gpus": 1} if self.options.gpu_resource == "GPU" else {"resources": {self.options.gpu_resource: 1}}
+                started.append(("cuda", remote.options(num_cpus=0, **gpu, **placement).remote(self.options, 1)))
+        described = ray.get([handle.describe.remote() for _, handle in started], timeout=self.options.start_timeout)
+        return [Agent(handle, kind, model, node) for (kind, handle), (node, model, _) in zip(started, described)]
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the CPU agents (tests kill them)."""
+        import ray
+        return [d[2] for d in ray.get([a.handle.describe.remote() for a in self.agents if a.kind == "llvm"])]
+
+    def _route(self, task: Task) -> list[Agent]:
+        target = Target.parse(task.target)
+        found = [a for a in self.agents if a.kind == target.kind and (target.kind == "cuda" or a.model == target.model)]
+        if not found:
+            raise LookupError(f"no Ray worker host for target {task.target!r}; hosts: "
+                              + ", ".join(f"{a.kind} {a.model}" for a in self.agents))
+        return found
+
+    def measure(self, tasks: Sequence[Task], options: MeasureOptions = MeasureOptions()) -> list[MeasureResult]:
+        """Split the batch over the agents of each candidate's route, wait with a watchdog, retry lost agents' work once."""
+        import ray
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+        results: list[MeasureResult | None] = [None] * len(tasks)
+        groups: dict[tuple, list[int]] = {}
+        for index, task in enumerate(tasks):
+            groups.setdefault(tuple(id(a) for a in self._route(task)), []).append(index)
+        calls = {}
+        for indices in groups.values():
+            agents = self._route(tasks[indices[0]])
+            for offset, agent in enumerate(agents):
+                if indices[offset::len(agents)]:
+                    self._submit(calls, agent, indices[offset::len(agents)], 0, tasks, options)
+        while calls:
+            deadline = min(call[3] for call in calls.values())
+            ready, _ = ray.wait(list(calls), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                agent, indices, attempt, _ = calls.pop(ref)
+                try:
+                    for index, result in zip(indices, ray.get(ref)):
+                        results[index] = replace(result, error=result.error or "retried once after its worker was lost") \
+                            if attempt else result
+                except (RayActorError, ActorUnavailableError, GetTimeoutError) as error:
+                    self._retry(calls, agent, indices, attempt, tasks, options, results, error)
+            for ref, (agent, indices, attempt, due) in list(calls.items()):
+                if due <= time.monotonic():  # the watchdog: a stuck agent is killed, and Ray restarts it
+                    ray.kill(agent.handle, no_restart=False)
+                    calls[ref] = (agent, indices, attempt, time.monotonic() + self.options.watchdog_slack)
+        return results
+
+    def _submit(self, calls: dict, agent: Agent, indices: list[int], attempt: int, tasks, options) -> None:
+        per_task = self.options.build_timeout + self.options.run_timeout
+        due = time.monotonic() + len(indices) * per_task + self.options.watchdog_slack
+        calls[agent.handle.measure.remote([tasks[i] for i in indices], options)] = (agent, indices, attempt, due)
+
+    def _retry(self, calls, agent, indices, attempt, tasks, options, results, error) -> None:
+        if attempt:
+            for index in indices:
+                results[index] = failed(Outcome.WORKER_LOST, f"Ray agent lost twice: {type(error).__name__}",
+                                        time.time(), worker=f"ray-{agent.node[:8]}")
+            return
+        others = [a for a in self._route(tasks[indices[0]]) if a is not agent] or [agent]
+        self._submit(calls, others[0], indices, 1, tasks, options)
+
+    def close(self) -> None:
+        import ray
+        for agent in self.agents:
+            ray.kill(agent.handle)
