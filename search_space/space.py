@@ -168,6 +168,21 @@ class ConfigSpace:
                     pass
         return found
 
+    def random_neighbour(self, config: Config, rng: random.Random, attempts: int = 16) -> Config:
+        """A random valid config one knob away (the config itself when none is found in `attempts` draws)."""
+        current = dict(config.values)
+        names = [n for n, k in self.knobs.items() if len(k.candidates) > 1]
+        for _ in range(attempts if names else 0):
+            name = rng.choice(names)
+            value = rng.choice(self.knobs[name].candidates)
+            if value == current[name]:
+                continue
+            try:
+                return self.get(self.index_of(current | {name: value}))
+            except InvalidConfig:
+                continue
+        return config
+
     def __iter__(self) -> Iterator[Config]:
         return (self.get(i) for i in range(self.size))
 

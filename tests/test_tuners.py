@@ -1,0 +1,66 @@
+"""The tuner contract on real measurements of a small workload: fresh proposals, never a repeat."""
+import random
+
+import numpy as np
+import pytest
+
+from search_space import Target, get_space, matmul
+from tuner import TUNERS, GridTuner
+from tuner.sa import AnnealOptions, anneal
+from workers import MeasureInput
+from workers.pool import make_pool
+from workers.task import MeasureOptions, Task
+
+WORKLOAD, TARGET = matmul(48, 40, 32), Target.parse("llvm -threads=1")
+FAST = MeasureOptions(repeat=2, min_repeat_ms=1.0)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with make_pool("local") as local:
+        yield local
+
+
+def make(name, space, seed=0):
+    extra = {"workload": WORKLOAD, "target": TARGET} if name == "xgb" else {}
+    return TUNERS[name](space, seed, **extra)
+
+
+@pytest.mark.parametrize("name", sorted(TUNERS))
+def test_tuners_never_propose_a_config_twice(name, pool):
+    space = get_space(WORKLOAD, TARGET)
+    tuner = make(name, space)
+    proposed, gflops = [], []
+    for _ in range(4):
+        batch = tuner.propose(8)
+        assert len(batch) == 8 and not {c.index for c in batch} & {c.index for c in proposed}
+        results = pool.measure([Task.of(MeasureInput(WORKLOAD, TARGET, c)) for c in batch], FAST)
+        assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+        tuner.observe(batch, results)
+        proposed += batch
+        gflops += [r.gflops for r in results]
+    assert tuner.best is not None and tuner.best[1].gflops == max(gflops) > 0
+    assert len(tuner.visited) == 32
+
+
+def test_grid_walks_the_space_in_index_order():
+    space = get_space(WORKLOAD, TARGET)
+    tuner = GridTuner(space)
+    assert [c.index for c in tuner.propose(5)] == [0, 1, 2, 3, 4]
+
+
+def test_anneal_finds_the_best_unseen_points_of_a_score():
+    space = get_space(matmul(256, 256, 256), TARGET)
+    target_config = space.get(space.size // 3)
+    wanted = np.array([v for _, v in target_config.values], dtype=object)
+
+    def score(configs):  # knobs equal to the target config's, counted
+        return np.array([float(sum(a == b for a, b in zip([v for _, v in c.values], wanted))) for c in configs])
+
+    exclude = {target_config.index}
+    found, chains = anneal(space, score, 10, exclude, [], random.Random(0), AnnealOptions(chains=16, steps=60))
+    assert len(found) == 10 and target_config.index not in {c.index for c in found}
+    scores = score(found)
+    assert list(scores) == sorted(scores, reverse=True)
+    assert scores[0] >= len(wanted) - 1  # one knob away from the excluded optimum
+    assert len(chains) == 16

@@ -1,0 +1,75 @@
+"""The model-based tuner: an XGBoost cost model proposes, simulated annealing searches over it.
+
+After each observed batch the model is refit and the plan (the best predicted configs not yet
+measured) is searched again, continuing the annealing chains; a few percent of each batch is
+random (epsilon-greedy), so the model keeps seeing what it does not predict well.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from search_space import Config, ConfigSpace, Target, Workload
+
+from .base import Tuner
+from .cost_model import CostModelOptions, XGBCostModel
+from .sa import AnnealOptions, anneal
+
+
+@dataclass(frozen=True)
+class XGBOptions:
+    plan_size: int = 64  # configs the annealer returns per search
+    epsilon: float = 0.05  # share of each batch drawn at random
+    diversity: float = 0.0  # > 0: prefer plans that cover more distinct knob values
+    model: CostModelOptions = field(default_factory=CostModelOptions)
+    anneal: AnnealOptions = field(default_factory=AnnealOptions)
+
+
+class XGBTuner(Tuner):
+    def __init__(self, space: ConfigSpace, seed: int = 0, *, workload: Workload, target: Target,
+                 options: XGBOptions = XGBOptions(), history: Sequence[tuple[np.ndarray, np.ndarray]] = ()):
+        super().__init__(space, seed)
+        self.options = options
+        self.model = XGBCostModel(workload, target, space, options.model, seed)
+        self.model.fit_history(history)
+        self.measured: list[Config] = []
+        self.gflops: list[float] = []
+        self.plan: list[Config] = []
+        self.chains: list[Config] = []
+
+    def update(self, configs, results) -> None:
+        self.measured += configs
+        self.gflops += [r.gflops for r in results]
+        self.model.fit(self.measured, self.gflops)
+        self.plan = []
+
+    def propose(self, n: int) -> list[Config]:
+        if not self.model.trained:
+            return self.space.sample(n, self.rng, exclude=self.visited)
+        if len(self._fresh(self.plan)) < n:
+            self._search()
+        self.plan = self._fresh(self.plan)
+        explore = sum(self.rng.random() < self.options.epsilon for _ in range(n))
+        batch = self.plan[:n - explore]
+        taken = self.visited | {c.index for c in batch}
+        return batch + self.space.sample(n - len(batch), self.rng, exclude=taken)
+
+    def _search(self) -> None:
+        wanted = self.options.plan_size * (3 if self.options.diversity > 0 else 1)
+        found, self.chains = anneal(self.space, self.model.predict, wanted, self.visited, self.chains,
+                                    self.rng, self.options.anneal)
+        self.plan = self._diverse(found) if self.options.diversity > 0 else found
+
+    def _diverse(self, ranked: list[Config]) -> list[Config]:
+        """Greedy pick by rank bonus + diversity × knob values not yet in the plan."""
+        chosen, covered = [], set()
+        pool = list(enumerate(ranked))
+        while pool and len(chosen) < self.options.plan_size:
+            gain = lambda item: -item[0] / len(ranked) + self.options.diversity * len(set(item[1].values) - covered)
+            best = max(pool, key=gain)
+            pool.remove(best)
+            chosen.append(best[1])
+            covered |= set(best[1].values)
+        return chosen
