@@ -1,0 +1,58 @@
+"""Which database, and an engine set up for many writers: the URL default, SQLite's WAL and busy timeout.
+
+`--db` wins, then `TENSORTUNE_DB`, then `tensortune.db` in the working directory (DESIGN.md).
+A bare file path is taken as a SQLite file; anything else must be a SQLAlchemy URL.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import StaticPool
+
+DEFAULT_FILE = "tensortune.db"
+BUSY_TIMEOUT_SECONDS = 60
+
+
+def is_url(text: str) -> bool:
+    return re.match(r"^[a-z][a-z0-9+]*://", text) is not None
+
+
+def resolve_url(url: str | Path | None = None) -> str:
+    """The URL to open: the argument, else $TENSORTUNE_DB, else the SQLite file in the working directory."""
+    chosen = str(url) if url else os.environ.get("TENSORTUNE_DB") or DEFAULT_FILE
+    if is_url(chosen):
+        return chosen
+    return f"sqlite:///{Path(chosen).expanduser().resolve()}"
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    """WAL lets readers run beside a writer; the busy timeout makes concurrent writers wait, not fail."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_SECONDS * 1000}")
+    cursor.execute("PRAGMA journal_mode = WAL")
+    cursor.execute("PRAGMA foreign_keys = ON")
+    cursor.close()
+
+
+def read_engine(engine: Engine) -> Engine:
+    """An engine for one-statement reads: autocommit spares PostgreSQL a BEGIN and a ROLLBACK round trip
+    per lookup (half the cost of a best-config query). SQLite reads open no transaction anyway, and an
+    in-memory database must keep its one connection, so SQLite shares the engine."""
+    if engine.dialect.name == "sqlite":
+        return engine
+    return create_engine(engine.url, pool_pre_ping=True, isolation_level="AUTOCOMMIT")
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`; in-memory SQLite shares one connection so every session sees the same data."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    options = {"poolclass": StaticPool} if parsed.database in (None, "", ":memory:") else {}
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False}, **options)
+    event.listen(engine, "connect", _sqlite_pragmas)
+    return engine

@@ -1,0 +1,50 @@
+"""Read queries over one session: the best records of a workload on a target, counts, stored targets.
+
+They take a plain `Session` so that `Database` and `apply_history_best(session)` share them.
+The best-record query is two unique-key lookups and one seek on `ix_measurements_best`.
+"""
+from __future__ import annotations
+
+from sqlalchemy import bindparam, func, select
+from sqlalchemy.orm import Session
+
+from search_space import Target, Workload
+from workers import Outcome
+
+from .models import MeasurementRow, TargetRow, WorkloadRow
+from .records import Record, record_from_row, target_from_row
+
+
+# Measurements of one workload on one exact target. The ids are scalar subqueries, not joins, so that
+# PostgreSQL reads ix_measurements_best in order and stops at the first row instead of sorting them all.
+# Built once: building a statement costs more than running it.
+_OF_PAIR = select(MeasurementRow).where(
+    MeasurementRow.workload_id == select(WorkloadRow.id).where(WorkloadRow.key == bindparam("workload"))
+    .scalar_subquery(),
+    MeasurementRow.target_id == select(TargetRow.id).where(TargetRow.key == bindparam("target")).scalar_subquery())
+BEST = (_OF_PAIR.where(MeasurementRow.outcome == Outcome.OK.value)
+         .order_by(MeasurementRow.median_seconds, MeasurementRow.id).limit(bindparam("limit")))
+_COUNT = select(func.count()).select_from(_OF_PAIR.subquery())
+_COUNT_CONFIG = select(func.count()).select_from(
+    _OF_PAIR.where(MeasurementRow.config_index == bindparam("index")).subquery())
+
+
+def _pair(workload: Workload, target: Target) -> dict:
+    return {"workload": workload.key, "target": str(target)}
+
+
+def best_records(session: Session, workload: Workload, target: Target, limit: int = 1) -> list[Record]:
+    """The fastest `ok` measurements (by median time), best first; ties go to the earlier row."""
+    rows = session.scalars(BEST, _pair(workload, target) | {"limit": limit})
+    return [record_from_row(row, workload, target) for row in rows]
+
+
+def count_records(session: Session, workload: Workload, target: Target, config_index: int | None = None) -> int:
+    """How many measurements of the workload on the target (of one config, when given) are stored."""
+    if config_index is None:
+        return session.scalar(_COUNT, _pair(workload, target))
+    return session.scalar(_COUNT_CONFIG, _pair(workload, target) | {"index": config_index})
+
+
+def stored_targets(session: Session, kind: str) -> list[Target]:
+    return [target_from_row(row) for row in session.scalars(select(TargetRow).where(TargetRow.kind == kind))]

@@ -1,0 +1,191 @@
+"""`Database`: the writer the tuner uses and the reader the CLI uses, over any SQLAlchemy URL.
+
+Opening one creates and migrates the schema if needed. Every write is its own short
+transaction, committed before returning, so a crash loses at most the candidate in flight
+and concurrent writer processes never hold locks across a measurement.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from search_space import Target, Workload
+from workers import MeasureInput, MeasureResult
+
+from .engine import make_engine, read_engine, resolve_url
+from .migrate import upgrade
+from .models import JOB_STATUSES, JobRow, MeasurementRow, TargetRow, WorkloadRow, utcnow
+from .queries import best_records, count_records
+from .records import Record, measurement_values, record_from_row, target_from_row, target_values, workload_values
+
+FINISHED = ("done", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A tuning job as the job queue sees it."""
+
+    id: int
+    workload: Workload
+    target: Target
+    tuner: str
+    trials: int
+    status: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str
+
+
+class Database:
+    """One per process (and per URL): thread-safe, since every call takes its own session from the pool."""
+
+    def __init__(self, url: str | Path | None = None):
+        self.url = resolve_url(url)
+        self.engine = make_engine(self.url)
+        upgrade(self.engine)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.read_engine = read_engine(self.engine)
+        self.read_sessions = sessionmaker(self.read_engine)  # for lookups, a statement or a few each
+        self._ids: dict[tuple[str, str], int] = {}
+        self._ids_lock = threading.Lock()
+
+    def __str__(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def __repr__(self) -> str:
+        return f"Database({str(self)!r})"
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.read_engine.dispose()
+        self.engine.dispose()
+
+    def _id(self, model: type[WorkloadRow] | type[TargetRow], values: dict) -> int:
+        """The row id for a key, inserting the row the first time; safe when writers race to insert it."""
+        cache_key = (model.__tablename__, values["key"])
+        with self._ids_lock:
+            if cache_key in self._ids:
+                return self._ids[cache_key]
+        by_key = select(model.id).where(model.key == values["key"])
+        with self.sessions() as session:
+            found = session.scalar(by_key)
+            if found is None:
+                try:
+                    found = session.scalar(insert(model).values(**values).returning(model.id))
+                    session.commit()
+                except IntegrityError:  # another writer inserted it first
+                    session.rollback()
+                    found = session.scalar(by_key)
+        with self._ids_lock:
+            self._ids[cache_key] = found
+        return found
+
+    def _row(self, measure_input: MeasureInput, result: MeasureResult, job_id: int | None) -> dict:
+        return {"job_id": job_id, "workload_id": self._id(WorkloadRow, workload_values(measure_input.workload)),
+                "target_id": self._id(TargetRow, target_values(measure_input.target)),
+                **measurement_values(measure_input, result)}
+
+    def record(self, measure_input: MeasureInput, result: MeasureResult, job_id: int | None = None) -> int:
+        """Store one measurement and commit it; returns its id."""
+        row = self._row(measure_input, result, job_id)
+        with self.sessions() as session:
+            new_id = session.scalar(insert(MeasurementRow).values(**row).returning(MeasurementRow.id))
+            session.commit()
+        return new_id
+
+    def record_many(self, pairs: Iterable[tuple[MeasureInput, MeasureResult]], job_id: int | None = None,
+                    batch: int = 10_000) -> int:
+        """Store many measurements (an imported log, a benchmark fill), one transaction per batch."""
+        count, rows = 0, []
+        with self.sessions() as session:
+            for measure_input, result in pairs:
+                rows.append(self._row(measure_input, result, job_id))
+                if len(rows) == batch:
+                    count += self._insert(session, rows)
+                    rows = []
+            return count + self._insert(session, rows)
+
+    @staticmethod
+    def _insert(session: Session, rows: list[dict]) -> int:
+        if rows:
+            session.execute(insert(MeasurementRow), rows)
+            session.commit()
+        return len(rows)
+
+    def best(self, workload: Workload, target: Target | str, limit: int = 1) -> list[Record]:
+        """The fastest ok measurements of the workload on exactly this target, best first."""
+        with self.read_sessions() as session:
+            return best_records(session, workload, Target.parse(target), limit)
+
+    def count(self, workload: Workload, target: Target | str, config_index: int | None = None) -> int:
+        with self.read_sessions() as session:
+            return count_records(session, workload, Target.parse(target), config_index)
+
+    def records(self, batch: int = 1000) -> Iterator[Record]:
+        """Every measurement, oldest first, streamed."""
+        workloads: dict[int, Workload] = {}
+        targets: dict[int, Target] = {}
+        with self.sessions() as session:
+            for row in session.scalars(select(MeasurementRow).order_by(MeasurementRow.id)
+                                       .execution_options(yield_per=batch)):
+                if row.workload_id not in workloads:
+                    workloads[row.workload_id] = Workload.from_key(session.get(WorkloadRow, row.workload_id).key)
+                if row.target_id not in targets:
+                    targets[row.target_id] = target_from_row(session.get(TargetRow, row.target_id))
+                yield record_from_row(row, workloads[row.workload_id], targets[row.target_id])
+
+    def pairs(self) -> list[tuple[Workload, Target]]:
+        """Every (workload, target) that has measurements."""
+        query = (select(WorkloadRow.key, TargetRow).distinct()
+                 .join(MeasurementRow, MeasurementRow.workload_id == WorkloadRow.id)
+                 .join(TargetRow, TargetRow.id == MeasurementRow.target_id))
+        with self.sessions() as session:
+            return [(Workload.from_key(key), target_from_row(row)) for key, row in session.execute(query)]
+
+    def create_job(self, workload: Workload, target: Target | str, tuner: str, trials: int) -> int:
+        """A queued tuning job; returns its id."""
+        row = {"workload_id": self._id(WorkloadRow, workload_values(workload)),
+               "target_id": self._id(TargetRow, target_values(Target.parse(target))),
+               "tuner": tuner, "trials": trials}  # queued now, by the model's defaults
+        with self.sessions() as session:
+            new_id = session.scalar(insert(JobRow).values(**row).returning(JobRow.id))
+            session.commit()
+        return new_id
+
+    def update_job(self, job_id: int, status: str, error: str = "") -> None:
+        """Move a job to `status`, stamping when it started or finished."""
+        if status not in JOB_STATUSES:
+            raise ValueError(f"unknown job status {status!r}; known: {', '.join(JOB_STATUSES)}")
+        values: dict = {"status": status, "error": error}
+        if status == "running":
+            values["started_at"] = utcnow()
+        elif status in FINISHED:
+            values["finished_at"] = utcnow()
+        with self.sessions() as session:
+            if session.execute(update(JobRow).where(JobRow.id == job_id).values(**values)).rowcount != 1:
+                raise KeyError(f"no job {job_id}")
+            session.commit()
+
+    def job(self, job_id: int) -> Job:
+        with self.sessions() as session:
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise KeyError(f"no job {job_id}")
+            workload = Workload.from_key(session.get(WorkloadRow, row.workload_id).key)
+            target = target_from_row(session.get(TargetRow, row.target_id))
+            return Job(row.id, workload, target, row.tuner, row.trials, row.status, row.created_at,
+                       row.started_at, row.finished_at, row.error)
+

@@ -1,0 +1,66 @@
+"""Several writer processes at once, each committing record by record: every row arrives exactly once.
+
+The writers all open the same brand-new database at the same moment, so they also race to
+migrate it and to insert the shared workload and target rows.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from db_helpers import db_url  # noqa: F401 (fixture)
+from sqlalchemy import select
+
+from db import Database
+from db.models import JobRow, MeasurementRow
+
+WRITERS, RECORDS = 4, 60
+REPO = Path(__file__).resolve().parents[1]
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from db import Database
+    from search_space import get_space, host_target, matmul
+    from workers import MeasureInput, MeasureResult, Outcome
+
+    url, writer, count, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    while not go.exists():
+        time.sleep(0.002)
+    workload, target = matmul(16, 16, 16), host_target()
+    space = get_space(workload, target)
+    with Database(url) as database:
+        job = database.create_job(workload, target, "random", count)
+        for n in range(count):
+            now = time.time()
+            result = MeasureResult(Outcome.OK, (1e-6 * (n + 1),), 0.01, workload.flops, f"w{writer}", "host", now, now)
+            database.record(MeasureInput(workload, target, space.get(writer * 1000 + n)), result, job_id=job)
+    print(job)
+""")
+
+
+def test_concurrent_writer_processes_store_every_row_once(db_url, tmp_path):
+    go = tmp_path / "go"
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, db_url, str(w), str(RECORDS), str(go)], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in range(WRITERS)]
+    time.sleep(0.5)  # let them all start and wait at the gate
+    go.touch()
+    jobs = {}
+    for number, writer in enumerate(writers):
+        out, err = writer.communicate(timeout=120)
+        assert writer.returncode == 0, err
+        jobs[int(out)] = f"w{number}"
+
+    with Database(db_url) as database, database.sessions() as session:
+        rows = session.execute(select(MeasurementRow.worker, MeasurementRow.config_index, MeasurementRow.job_id)
+                               .order_by(MeasurementRow.id)).all()
+        job_ids = session.scalars(select(JobRow.id)).all()
+    expected = sorted((f"w{w}", w * 1000 + n) for w in range(WRITERS) for n in range(RECORDS))
+    assert sorted((worker, index) for worker, index, _ in rows) == expected
+    assert all(jobs[job_id] == worker for worker, _, job_id in rows)
+    assert sorted(job_ids) == sorted(jobs)
+    switches = sum(a[0] != b[0] for a, b in zip(rows, rows[1:]))
+    assert switches > WRITERS, "the writers ran one after another, not at once"

@@ -1,0 +1,104 @@
+"""Database: schema and migrations, recording, best-config queries and job bookkeeping, on both backends."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from db_helpers import database, db_url, measurement  # noqa: F401 (fixtures)
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+
+from db import Database, resolve_url, upgrade
+from db.migrate import current_revision, head_revision
+from db.models import Base
+from search_space import host_target, matmul
+from workers import Outcome
+
+WORKLOAD = matmul(32, 32, 32)
+
+
+def test_migrations_create_exactly_the_models(database):
+    with database.engine.connect() as connection:
+        assert current_revision(connection) == head_revision()
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+
+
+def test_opening_again_and_upgrading_are_no_ops(db_url):
+    with Database(db_url) as first:
+        first.record(*measurement(WORKLOAD, host_target(), 1, 1e-4))
+    with Database(db_url) as second:
+        assert upgrade(second.engine) == head_revision()
+        assert second.count(WORKLOAD, host_target()) == 1
+
+
+def test_best_is_the_fastest_ok_measurement(database):
+    target = host_target()
+    for index, median in [(10, 3e-5), (11, 1e-5), (12, 2e-5)]:
+        database.record(*measurement(WORKLOAD, target, index, median))
+    database.record(*measurement(WORKLOAD, target, 13, 1e-7, Outcome.WRONG_ANSWER))
+    database.record(*measurement(WORKLOAD, target, 14, 0.0, Outcome.COMPILE_ERROR, samples=(), error="boom"))
+    best = database.best(WORKLOAD, target, limit=2)
+    assert [record.input.config.index for record in best] == [11, 12]
+    assert best[0].input.config == measurement(WORKLOAD, target, 11, 1.0)[0].config
+    assert database.count(WORKLOAD, target) == 5
+    assert database.count(WORKLOAD, target, config_index=11) == 1
+    assert database.best(WORKLOAD, replace(target, threads=target.threads + 1)) == []
+    assert database.best(matmul(8, 8, 8), target) == []
+
+
+def test_a_record_reads_back_whole_and_is_committed_at_once(database, db_url):
+    measure_input, result = measurement(WORKLOAD, host_target(), 7, 2e-5, phases={"build": 0.04, "time": 0.5})
+    record_id = database.record(measure_input, result)
+    with Database(db_url) as other:  # another connection sees it: it was committed
+        (record,) = other.best(WORKLOAD, host_target())
+    assert record.id == record_id and record.job_id is None
+    assert record.input == measure_input
+    assert record.result.samples == result.samples and record.result.phases == result.phases
+    assert record.result.started_at == pytest.approx(result.started_at, abs=1e-6)
+    assert record.result.gflops == pytest.approx(result.gflops)
+    assert (record.result.worker, record.result.host) == ("worker-1", "host-a")
+
+
+def test_job_lifecycle(database):
+    job_id = database.create_job(WORKLOAD, host_target(), "xgb", 200)
+    job = database.job(job_id)
+    assert (job.status, job.trials, job.tuner, job.workload, job.started_at) == ("queued", 200, "xgb", WORKLOAD, None)
+    database.update_job(job_id, "running")
+    database.record(*measurement(WORKLOAD, host_target(), 3, 1e-5), job_id=job_id)
+    database.update_job(job_id, "failed", error="worker lost")
+    job = database.job(job_id)
+    assert job.status == "failed" and job.error == "worker lost"
+    assert job.created_at <= job.started_at <= job.finished_at
+    assert database.best(WORKLOAD, host_target())[0].job_id == job_id
+    with pytest.raises(ValueError, match="unknown job status"):
+        database.update_job(job_id, "paused")
+    with pytest.raises(KeyError):
+        database.update_job(job_id + 100, "done")
+    with pytest.raises(IntegrityError):
+        database.record(*measurement(WORKLOAD, host_target(), 3, 1e-5), job_id=job_id + 100)
+
+
+def test_sqlite_uses_wal_and_the_best_index(tmp_path):
+    with Database(f"sqlite:///{tmp_path / 'x.db'}") as database, database.engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 1000
+        plan = connection.execute(text(
+            "EXPLAIN QUERY PLAN SELECT id FROM measurements WHERE workload_id = 1 AND target_id = 1 "
+            "AND outcome = 'ok' ORDER BY median_seconds, id LIMIT 1")).all()
+    assert "ix_measurements_best" in str(plan) and "TEMP B-TREE" not in str(plan)
+
+
+def test_default_url(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TENSORTUNE_DB", raising=False)
+    assert resolve_url() == f"sqlite:///{tmp_path / 'tensortune.db'}"
+    monkeypatch.setenv("TENSORTUNE_DB", "sqlite:///elsewhere.db")
+    assert resolve_url() == "sqlite:///elsewhere.db"
+    assert resolve_url("postgresql+psycopg://u@h/d") == "postgresql+psycopg://u@h/d"
+    assert resolve_url("runs/a.db") == f"sqlite:///{tmp_path / 'runs' / 'a.db'}"
+    monkeypatch.delenv("TENSORTUNE_DB")
+    with Database() as database:  # created and migrated on first use
+        database.record(*measurement(WORKLOAD, host_target(), 1, 1e-5))
+    assert (tmp_path / "tensortune.db").is_file()
