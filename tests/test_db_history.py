@@ -1,0 +1,127 @@
+"""apply_history_best with real kernels: the best stored config is built and computes the right answer."""
+from __future__ import annotations
+
+import contextvars
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from db_helpers import database, db_url, measurement, other_threads  # noqa: F401 (fixtures)
+
+from db import Database, apply_history_best, export_log, similar_target_message
+from search_space import Target, fallback_config, get_space, host_target, matmul
+from workers import Outcome, build
+
+WORKLOAD = matmul(24, 24, 24)
+
+
+def fallback_text(workload, target) -> str:
+    return (f"Cannot find config for target={target}, workload={workload.key}. "
+            "A fallback configuration is used, which may bring great performance regression.")
+
+
+def check_output(kernel) -> None:
+    inputs = kernel.workload.random_inputs()
+    np.testing.assert_allclose(kernel(*inputs), kernel.workload.reference(*inputs), atol=kernel.workload.tolerance)
+
+
+def index_with(workload, target, start: int, **knobs) -> int:
+    """The first config index from `start` on whose knobs have the given values."""
+    space = get_space(workload, target)
+    return next(i for i in range(start, space.size) if all(space.get(i)[k] == v for k, v in knobs.items()))
+
+
+@pytest.fixture
+def caught():
+    with warnings.catch_warnings(record=True) as found:
+        warnings.simplefilter("always")
+        yield found
+
+
+def messages(caught) -> list[str]:
+    return [str(w.message) for w in caught]
+
+
+def test_builds_with_the_measured_best(database, caught):
+    target = host_target()
+    for index, median in [(100, 3e-5), (2000, 1e-5), (30000, 2e-5)]:
+        database.record(*measurement(WORKLOAD, target, index, median))
+    database.record(*measurement(WORKLOAD, target, 5, 1e-8, Outcome.WRONG_ANSWER))
+    with apply_history_best(database.url):
+        kernel = build(WORKLOAD)
+    assert kernel.config.index == 2000
+    check_output(kernel)
+    assert messages(caught) == []
+
+
+def test_falls_back_with_one_exact_warning_per_workload(database, caught):
+    other = matmul(16, 24, 8)
+    target = host_target()
+    with apply_history_best(database):
+        kernels = [build(WORKLOAD), build(WORKLOAD, target), build(other), build(WORKLOAD)]
+    assert messages(caught) == [fallback_text(WORKLOAD, target), fallback_text(other, target)]
+    assert kernels[0].config == fallback_config(WORKLOAD, target)
+    for kernel in kernels:
+        check_output(kernel)
+
+
+def test_most_similar_target_with_a_warning(database, caught):
+    wanted, same_cpu = other_threads(1), other_threads(3)
+    other_cpu = Target("llvm", "othercpu", ("avx", "avx2", "fma"), 1)
+    serial = index_with(WORKLOAD, same_cpu, 0, parallel="none", vec=8)
+    parallel = index_with(WORKLOAD, same_cpu, 0, parallel="m", vec=8)
+    database.record(*measurement(WORKLOAD, same_cpu, parallel, 1e-6))  # fastest, but no such knob at 1 thread
+    database.record(*measurement(WORKLOAD, same_cpu, serial, 2e-5))
+    database.record(*measurement(WORKLOAD, other_cpu, 7, 1e-5))  # faster, on a less similar CPU
+    with apply_history_best(database):
+        kernel = build(WORKLOAD, wanted)
+        build(WORKLOAD, wanted)
+    assert kernel.config.to_dict() == get_space(WORKLOAD, same_cpu).get(serial).to_dict()
+    check_output(kernel)
+    assert messages(caught) == [similar_target_message(WORKLOAD, wanted, same_cpu)]
+
+
+def test_contexts_nest_inner_first(database, db_url, tmp_path, caught):
+    target, second = host_target(), matmul(16, 16, 16)
+    database.record(*measurement(WORKLOAD, target, 111, 1e-5))
+    database.record(*measurement(second, target, 222, 1e-5))
+    with Database(f"sqlite:///{tmp_path / 'inner.db'}") as inner:
+        inner.record(*measurement(WORKLOAD, target, 333, 1e-5))
+        export_log(inner, tmp_path / "inner.log")
+    with apply_history_best(db_url):
+        with apply_history_best(tmp_path / "inner.log"):
+            assert build(WORKLOAD).config.index == 333
+            assert build(second).config.index == 222
+        assert build(WORKLOAD).config.index == 111
+    assert messages(caught) == []
+
+
+def test_session_source(database):
+    database.record(*measurement(WORKLOAD, host_target(), 4444, 1e-5))
+    with database.sessions() as session, apply_history_best(session):
+        assert build(WORKLOAD).config.index == 4444
+
+
+def test_threads_share_one_context_and_keep_their_own(database, db_url, tmp_path):
+    target = host_target()
+    database.record(*measurement(WORKLOAD, target, 555, 1e-5))
+    with Database(f"sqlite:///{tmp_path / 'b.db'}") as other:
+        other.record(*measurement(WORKLOAD, target, 666, 1e-5))
+    start = threading.Barrier(4)
+
+    def build_in(source) -> int:
+        with apply_history_best(source):
+            start.wait()
+            return build(WORKLOAD).config.index
+
+    with ThreadPoolExecutor(4) as pool:
+        own = list(pool.map(build_in, [db_url, tmp_path / "b.db"] * 2))
+    assert own == [555, 666, 555, 666]
+
+    with apply_history_best(db_url):
+        context = contextvars.copy_context()
+        with ThreadPoolExecutor(4) as pool:
+            shared = list(pool.map(lambda _: context.copy().run(lambda: build(WORKLOAD).config.index), range(4)))
+    assert shared == [555] * 4
