@@ -69,6 +69,10 @@ def bench_kernels(quick: bool = typer.Option(False, "--quick", help="fewer candi
     run(quick=quick, json_lines=json_lines, trials=trials, only=only, seed=seed)
 
 
+from .cli_records import register as _register_records
+_register_records(app)
+
+
 def main() -> None:
     try:
         app()

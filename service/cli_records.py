@@ -1,0 +1,109 @@
+"""The record commands of `tensortune`: `best`, `export`, `import` and `db upgrade`.
+
+`register(app)` adds them to the CLI app of service/cli.py, which calls it once at its end;
+nothing is registered at import time.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from db import Database, Record, export_log, import_log, upgrade
+
+console = Console(stderr=True, soft_wrap=True)
+DB_HELP = "SQLAlchemy URL or SQLite file (default: $TENSORTUNE_DB, else ./tensortune.db)"
+
+
+def describe(record: Record, same_config: int, total: int) -> dict:
+    """What `best --json` prints: the config, its speed, where and when it was measured, and its backing."""
+    result = record.result
+    return {
+        "workload": record.input.workload.key, "target": str(record.input.target),
+        "config": {"index": record.input.config.index, "knobs": record.input.config.to_dict()},
+        "gflops": result.gflops, "median_seconds": result.median, "mean_seconds": result.mean,
+        "samples": list(result.samples), "compile_seconds": result.compile_seconds,
+        "measured_at": datetime.fromtimestamp(result.finished_at, timezone.utc).isoformat()
+        if result.finished_at else None, "host": result.host, "worker": result.worker,
+        "job_id": record.job_id, "record_id": record.id,
+        "measurements_of_config": same_config, "measurements": total,
+    }
+
+
+def _print_best(info: dict) -> None:
+    when = datetime.fromisoformat(info["measured_at"]).strftime("%Y-%m-%d %H:%M:%S UTC") if info["measured_at"] else "?"
+    knobs = ", ".join(f"{name}={value}" for name, value in info["config"]["knobs"].items())
+    job = f", job {info['job_id']}" if info["job_id"] is not None else ""
+    print(f"{info['workload']} on {info['target']}")
+    print(f"  best config {info['config']['index']}: {knobs}")
+    print(f"  {info['gflops']:.1f} GFLOPS (median {info['median_seconds'] * 1e6:.2f} µs over "
+          f"{len(info['samples'])} samples)")
+    print(f"  measured {when} on host {info['host'] or '?'} by worker {info['worker'] or '?'}{job}")
+    print(f"  backed by {info['measurements_of_config']} measurement(s) of this config, "
+          f"{info['measurements']} of this workload on this target")
+
+
+def best(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
+         params: List[str] = typer.Argument(..., help="NAME=VALUE parameters, e.g. M=64 N=64 K=64"),
+         target: str = typer.Option("llvm", "--target", help="llvm (this CPU), llvm -threads=1, cuda ..."),
+         db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+         as_json: bool = typer.Option(False, "--json", help="print one JSON object")):
+    """Print the best stored config of a workload on a target, its GFLOPS, when and where it was measured."""
+    from .cli import parse_target, parse_workload  # service.cli imports this module at its end
+
+    workload, target_ = parse_workload(op, params), parse_target(target)
+    with Database(db) as database:
+        found = database.best(workload, target_)
+        if not found:
+            console.print(f"[red]no successful measurement of {workload.key} on target {target_} "
+                          f"in {database}[/red]")
+            raise typer.Exit(1)
+        record = found[0]
+        info = describe(record, database.count(workload, target_, record.input.config.index),
+                        database.count(workload, target_))
+    if as_json:
+        print(json.dumps(info))
+    else:
+        _print_best(info)
+
+
+def export(file: Path = typer.Argument(..., dir_okay=False, help="the JSON-lines log to write"),
+           best_only: bool = typer.Option(False, "--best-only", help="only the best of each workload and target"),
+           db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)):
+    """Write the measurements as AutoTVM-style JSON lines (log format 0.2)."""
+    with Database(db) as database:
+        count = export_log(database, file, best_only=best_only)
+    console.print(f"exported {count} record(s) to {file}")
+
+
+def import_(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="an AutoTVM-style JSON-lines log"),
+            best_only: bool = typer.Option(False, "--best-only", help="only the best of each workload and target"),
+            db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)):
+    """Read AutoTVM-style JSON lines into the database; malformed lines are reported and skipped (exit 1)."""
+    with Database(db) as database:
+        report = import_log(database, file, best_only=best_only)
+    for line, why in report.rejected:
+        console.print(f"{file}:{line}: rejected: {why}", markup=False, highlight=False)
+    console.print(f"imported {report.imported} record(s) from {file}"
+                  + (f"; rejected {len(report.rejected)} malformed line(s)" if report.rejected else ""))
+    if report.rejected:
+        raise typer.Exit(1)
+
+
+def db_upgrade(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)):
+    """Create the database or migrate it to the newest schema."""
+    with Database(db) as database:
+        console.print(f"{database} is at schema revision {upgrade(database.engine)}")
+
+
+def register(app: typer.Typer) -> None:
+    db_app = typer.Typer(help="The tensortune database", no_args_is_help=True)
+    db_app.command("upgrade")(db_upgrade)
+    app.add_typer(db_app, name="db")
+    app.command("best")(best)
+    app.command("export")(export)
+    app.command("import")(import_)
