@@ -8,6 +8,7 @@ config is used and a warning is given once per workload.
 from __future__ import annotations
 
 import contextvars
+import threading
 import warnings
 from contextlib import contextmanager
 from typing import Iterator, Protocol
@@ -31,6 +32,14 @@ class FallbackWarned:
 
     def __init__(self):
         self.warned: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def first_time(self, key: tuple[str, str]) -> bool:
+        """True exactly once per key, even when threads ask at the same moment."""
+        with self._lock:
+            fresh = key not in self.warned
+            self.warned.add(key)
+            return fresh
 
 
 @contextmanager
@@ -55,10 +64,7 @@ def current_config(workload: Workload, target: Target) -> Config:
         if config is not None:
             return config
     if stack:
-        warned = getattr(stack[0], "warned", None)
-        key = (str(target), workload.key)
-        if warned is None or key not in warned:
+        first_time = getattr(stack[0], "first_time", None)
+        if first_time is None or first_time((str(target), workload.key)):
             warnings.warn(fallback_message(workload, target), stacklevel=3)
-            if warned is not None:
-                warned.add(key)
     return fallback_config(workload, target)

@@ -37,7 +37,7 @@ class Target:
             raise TargetError(f"unknown target {text!r}; known kinds: {', '.join(KINDS)}")
         options = {}
         for word in words[1:]:
-            match = re.fullmatch(r"-(\w+)=(\S+)", word)
+            match = re.fullmatch(r"-(\w+)=(\S*)", word)
             if not match or match.group(1) not in ("mcpu", "mattr", "threads", "device", "arch"):
                 raise TargetError(f"bad target option {word!r} in {text!r}")
             options[match.group(1)] = match.group(2)
