@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 from rich.console import Console
 from rich.table import Table
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_info
 
 from search_space import Config, Target, Workload, batch_matmul, dense, fallback_config, get_space, matmul
 from workers import build
+from workers.reference import head_to_head, inference_call, reference_calls
 from workers.timing import time_samples
 
 from .peak import launch_microseconds, peak_gflops
@@ -39,18 +40,9 @@ class Measured:
     compile_seconds: float
 
 
-def kernel_call(workload: Workload, target: Target, config: Config, inputs):
-    """A zero-argument call of the kernel; dense weights are bound (pre-packed) as in inference."""
-    kernel = build(workload, target, config)
-    out = np.empty(workload.output_shape, workload.dtype)
-    if workload.op == "dense":
-        bound = kernel.bind(**{b.name: a for b, a in zip(kernel.inputs[1:], inputs[1:])})
-        return kernel, lambda: bound(inputs[0], out=out), out
-    return kernel, lambda: kernel(*inputs, out=out), out
-
-
 def try_config(workload: Workload, target: Target, config: Config, inputs, expected, min_repeat_ms: float) -> Measured:
-    kernel, call, out = kernel_call(workload, target, config, inputs)
+    kernel = build(workload, target, config)
+    call, out = inference_call(kernel, inputs)
     call()
     error = workload.max_error(out, expected)
     if error > 1:
@@ -90,37 +82,6 @@ def search(workload: Workload, target: Target, trials: int, seed: int, min_repea
     return best, len(seen)
 
 
-def reference_calls(workload: Workload, threads: int, inputs) -> dict:
-    """NumPy and (when installed) PyTorch computing the same product on the same inputs."""
-    if workload.op == "dense":
-        x, w = inputs[:2]
-        calls = {"numpy": lambda: np.matmul(x, w.T)}
-    else:
-        calls = {"numpy": lambda: np.matmul(*inputs)}
-    try:
-        import torch
-    except ImportError:
-        return calls
-    torch.set_num_threads(threads)
-    tensors = [torch.from_numpy(a) for a in inputs]
-    if workload.op == "dense":
-        calls["torch"] = lambda: torch.nn.functional.linear(tensors[0], tensors[1])
-    else:
-        calls["torch"] = lambda: torch.matmul(*tensors)
-    return calls
-
-
-def head_to_head(calls: dict, threads: int, rounds: int, min_repeat_ms: float) -> dict[str, float]:
-    """Median seconds per call of each contender, timed in alternating rounds so that any passing
-    load on the machine hits all of them alike."""
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    with threadpool_limits(threads):
-        for _ in range(rounds):
-            for name, call in calls.items():
-                samples[name] += time_samples(call, repeat=1, min_repeat_ms=min_repeat_ms)
-    return {name: float(np.median(values)) for name, values in samples.items()}
-
-
 def blas_description() -> str:
     info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
     kernel = ", ".join(f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')})" for i in info)
@@ -133,7 +94,7 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
     start = time.perf_counter()
     best, tried = search(workload, target, trials, seed, MIN_REPEAT_MS[quick])
     inputs = workload.random_inputs()
-    _, ours, _ = kernel_call(workload, target, best.config, inputs)
+    ours, _ = inference_call(build(workload, target, best.config), inputs)
     seconds = head_to_head({"tensortune": ours} | reference_calls(workload, target.threads, inputs), target.threads,
                            rounds=3 if quick else 7, min_repeat_ms=MIN_REPEAT_MS[quick])
     gflops = {name: workload.flops / s / 1e9 for name, s in seconds.items()}

@@ -136,11 +136,28 @@ class Database:
 
     def records(self, batch: int = 1000) -> Iterator[Record]:
         """Every measurement, oldest first, streamed."""
+        return self._records(select(MeasurementRow), batch)
+
+    def job_records(self, job_id: int) -> list[Record]:
+        """What a job has measured so far, oldest first: what a resumed job starts from."""
+        return list(self._records(select(MeasurementRow).where(MeasurementRow.job_id == job_id)))
+
+    def op_records(self, op: str, target: Target | str, exclude: Workload | None = None) -> dict[Workload, list[Record]]:
+        """Measurements of the other shapes of an op on exactly this target (for transfer learning)."""
+        workload_ids = select(WorkloadRow.id).where(WorkloadRow.op == op, WorkloadRow.key != (exclude.key if exclude else ""))
+        target_id = select(TargetRow.id).where(TargetRow.key == str(Target.parse(target))).scalar_subquery()
+        found: dict[Workload, list[Record]] = {}
+        statement = select(MeasurementRow).where(MeasurementRow.workload_id.in_(workload_ids),
+                                                 MeasurementRow.target_id == target_id)
+        for record in self._records(statement):
+            found.setdefault(record.input.workload, []).append(record)
+        return found
+
+    def _records(self, statement, batch: int = 1000) -> Iterator[Record]:
         workloads: dict[int, Workload] = {}
         targets: dict[int, Target] = {}
         with self.sessions() as session:
-            for row in session.scalars(select(MeasurementRow).order_by(MeasurementRow.id)
-                                       .execution_options(yield_per=batch)):
+            for row in session.scalars(statement.order_by(MeasurementRow.id).execution_options(yield_per=batch)):
                 if row.workload_id not in workloads:
                     workloads[row.workload_id] = Workload.from_key(session.get(WorkloadRow, row.workload_id).key)
                 if row.target_id not in targets:
@@ -184,8 +201,22 @@ class Database:
             row = session.get(JobRow, job_id)
             if row is None:
                 raise KeyError(f"no job {job_id}")
-            workload = Workload.from_key(session.get(WorkloadRow, row.workload_id).key)
-            target = target_from_row(session.get(TargetRow, row.target_id))
-            return Job(row.id, workload, target, row.tuner, row.trials, row.status, row.created_at,
-                       row.started_at, row.finished_at, row.error)
+            return self._job(session, row)
 
+    def unfinished_job(self, workload: Workload, target: Target | str, tuner: str, trials: int) -> Job | None:
+        """The newest job of exactly this request that is neither done nor failed: the one to resume."""
+        statement = (select(JobRow).join(WorkloadRow, WorkloadRow.id == JobRow.workload_id)
+                     .join(TargetRow, TargetRow.id == JobRow.target_id)
+                     .where(WorkloadRow.key == workload.key, TargetRow.key == str(Target.parse(target)),
+                            JobRow.tuner == tuner, JobRow.trials == trials, JobRow.status.not_in(("done", "failed")))
+                     .order_by(JobRow.id.desc()).limit(1))
+        with self.sessions() as session:
+            row = session.scalars(statement).first()
+            return self._job(session, row) if row is not None else None
+
+    @staticmethod
+    def _job(session: Session, row: JobRow) -> Job:
+        workload = Workload.from_key(session.get(WorkloadRow, row.workload_id).key)
+        target = target_from_row(session.get(TargetRow, row.target_id))
+        return Job(row.id, workload, target, row.tuner, row.trials, row.status, row.created_at,
+                   row.started_at, row.finished_at, row.error)

@@ -70,7 +70,9 @@ def bench_kernels(quick: bool = typer.Option(False, "--quick", help="fewer candi
 
 
 from .cli_records import register as _register_records
+from .cli_tune import register as _register_tune
 _register_records(app)
+_register_tune(app)
 
 
 def main() -> None:

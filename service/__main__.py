@@ -1,0 +1,4 @@
+"""`python -m service` is the `tensortune` command."""
+from .cli import main
+
+main()

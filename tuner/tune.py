@@ -1,0 +1,129 @@
+"""`tune(workload, ...)`: the search loop. A tuner proposes, a pool measures, the database keeps
+every result as it arrives, and a job interrupted at any point resumes from what it recorded.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from db import Database
+from search_space import Target, Workload, get_space
+from workers import MeasureInput, MeasureResult
+from workers.pool import Pool, make_pool
+from workers.task import MeasureOptions, Task
+
+from . import TUNERS
+from .cost_model import CostModelOptions, features
+from .xgb_tuner import XGBOptions
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    trials: int = 64
+    tuner: str = "xgb"
+    batch: int = 8  # candidates proposed and measured together
+    early_stopping: int | None = None  # stop after this many trials without a better config
+    seed: int = 0
+    transfer: bool = True  # xgb: start from a model of the op's other shapes in the database
+    measure: MeasureOptions = field(default_factory=MeasureOptions)
+
+    def __post_init__(self):
+        if self.tuner not in TUNERS:
+            raise ValueError(f"unknown tuner {self.tuner!r}; tuners: {', '.join(TUNERS)}")
+        if not 1 <= self.trials <= 100_000:
+            raise ValueError(f"trials must be in 1..100000, got {self.trials}")
+
+
+@dataclass
+class TuneResult:
+    job_id: int
+    measured: list[tuple[MeasureInput, MeasureResult]]  # this job's, resumed ones first
+    resumed: int  # how many were loaded from the database rather than measured now
+
+    @property
+    def best(self) -> tuple[MeasureInput, MeasureResult] | None:
+        ok = [(i, r) for i, r in self.measured if r.ok]
+        return max(ok, key=lambda pair: pair[1].gflops) if ok else None
+
+    @property
+    def curve(self) -> list[float]:
+        """Best GFLOPS after each trial."""
+        return [float(x) for x in np.maximum.accumulate([r.gflops for _, r in self.measured])] if self.measured else []
+
+
+def history(database: Database, workload: Workload, target: Target, limit: int = 512) -> list[tuple]:
+    """(feature matrix, GFLOPS) per other shape of the op on this target, for the xgb tuner's base model."""
+    found = []
+    for other, records in database.op_records(workload.op, target, exclude=workload).items():
+        space = get_space(other, target)
+        records = random.Random(0).sample(records, min(limit, len(records)))
+        x = np.stack([features(other, target, space, r.input.config, "itervar") for r in records])
+        found.append((x, np.array([r.result.gflops for r in records])))
+    return found
+
+
+def make_tuner(workload: Workload, target: Target, options: TuneOptions, database: Database):
+    space = get_space(workload, target)
+    if options.tuner != "xgb":
+        return TUNERS[options.tuner](space, options.seed)
+    past = history(database, workload, target) if options.transfer else []
+    return TUNERS["xgb"](space, options.seed, workload=workload, target=target,
+                         options=XGBOptions(model=CostModelOptions()), history=past)
+
+
+def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tuner: str = "xgb",
+         db: Database | str | None = None, pool: Pool | str = "local", *, batch: int = 8,
+         early_stopping: int | None = None, seed: int = 0, transfer: bool = True,
+         measure: MeasureOptions = MeasureOptions(),
+         on_result: Callable[[MeasureInput, MeasureResult], None] | None = None) -> TuneResult:
+    """Tune until `trials` configs of the job are measured (or early stopping ends it).
+
+    Running the same request again resumes an unfinished job: it reloads what the job measured,
+    refits the model on it, and measures nothing twice."""
+    options = TuneOptions(trials, tuner, batch, early_stopping, seed, transfer, measure)
+    target = Target.parse(target)
+    database = db if isinstance(db, Database) else Database(db)
+    job = database.unfinished_job(workload, target, options.tuner, options.trials)
+    job_id = job.id if job else database.create_job(workload, target, options.tuner, options.trials)
+    database.update_job(job_id, "running")
+    search = make_tuner(workload, target, options, database)
+    done = [(r.input, r.result) for r in database.job_records(job_id)]
+    if done:
+        search.observe([i.config for i, _ in done], [r for _, r in done])
+    result = TuneResult(job_id, list(done), len(done))
+    own_pool = isinstance(pool, str)
+    measurer = make_pool(pool) if own_pool else pool
+    try:
+        _loop(search, measurer, database, result, workload, target, options, on_result)
+    except BaseException as error:  # Ctrl-C included: the job stays resumable, its records are kept
+        database.update_job(job_id, "cancelled" if isinstance(error, KeyboardInterrupt) else "failed",
+                            f"{type(error).__name__}: {error}")
+        raise
+    finally:
+        if own_pool:
+            measurer.close()
+    database.update_job(job_id, "done")
+    return result
+
+
+def _loop(search, pool, database, result, workload, target, options, on_result) -> None:
+    since_best, best = 0, max((r.gflops for _, r in result.measured), default=0.0)
+    while len(result.measured) < options.trials and search.has_next():
+        if options.early_stopping and since_best >= options.early_stopping:
+            return
+        configs = search.propose(min(options.batch, options.trials - len(result.measured)))
+        if not configs:
+            return
+        inputs = [MeasureInput(workload, target, c) for c in configs]
+        results = pool.measure([Task.of(i) for i in inputs], options.measure)
+        for measure_input, measured in zip(inputs, results):
+            database.record(measure_input, measured, result.job_id)
+            result.measured.append((measure_input, measured))
+            since_best = 0 if measured.gflops > best else since_best + 1
+            best = max(best, measured.gflops)
+            if on_result:
+                on_result(measure_input, measured)
+        search.observe(configs, results)
