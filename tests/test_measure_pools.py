@@ -63,24 +63,35 @@ def free_port() -> int:
 def ray_cluster():
     """A head and a second node advertising a fake GPU, started with `ray start --block` so that
     stopping these two processes stops exactly their nodes (`ray stop` would stop every node here)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "token")  # nodes and driver must agree; read when ray is imported
     ray = pytest.importorskip("ray")
     address = f"127.0.0.1:{free_port()}"
     env = os.environ | {"PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     nodes = [subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={address.split(':')[1]}", "--num-cpus=1",
                                "--include-dashboard=false"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    time.sleep(3)
-    nodes.append(subprocess.Popen([ray_bin, "start", "--block", f"--address={address}", "--num-cpus=1",
-                                   '--resources={"gpu_host": 1}'], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL))
-    ray.init(address=address, logging_level="warning")
-    while len([n for n in ray.nodes() if n["Alive"]]) < 2:
-        time.sleep(0.2)
-    yield address
-    ray.shutdown()
-    for node in reversed(nodes):
-        node.terminate()
-        node.wait(30)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the head's GCS listens
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", int(address.split(":")[1]))) == 0:
+                    break
+            time.sleep(0.2)
+        nodes.append(subprocess.Popen([ray_bin, "start", "--block", f"--address={address}", "--num-cpus=1",
+                                       '--resources={"gpu_host": 1}'], env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        ray.init(address=address, logging_level="warning")
+        while len([n for n in ray.nodes() if n["Alive"]]) < 2:
+            time.sleep(0.2)
+        yield address
+        ray.shutdown()
+    finally:
+        for node in reversed(nodes):
+            node.terminate()
+            node.wait(30)
+    current = "/tmp/ray/ray_current_cluster"  # written by our `ray start`; a later ray.init() would follow it
+    if os.path.exists(current) and open(current).read().strip() == address:
+        os.remove(current)
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,8 @@ class RayPool:
         import ray
         self.options = options
         if not ray.is_initialized():
-            ray.init(address=options.address or os.environ.get("RAY_ADDRESS"), include_dashboard=False,
+            # "local": a new one-node cluster, never a stale one found through /tmp/ray/ray_current_cluster
+            ray.init(address=options.address or os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False,
                      logging_level="warning")
         self.agents = self._start_agents()
 
