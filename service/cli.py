@@ -69,8 +69,18 @@ def bench_kernels(quick: bool = typer.Option(False, "--quick", help="fewer candi
     run(quick=quick, json_lines=json_lines, trials=trials, only=only, seed=seed)
 
 
-from .cli_records import register as _register_records
-from .cli_tune import register as _register_tune
+@bench_app.command("workers")
+def bench_workers(json_lines: bool = typer.Option(False, "--json", help="one JSON object per line")):
+    """Candidates per second and where their time goes, on the local and the Ray pool."""
+    from bench.workers import run
+
+    run(json_lines=json_lines)
+
+
+# Commands of other modules; imported here, after `app` and the helpers they use exist.
+from .cli_records import register as _register_records  # noqa: E402
+from .cli_tune import register as _register_tune  # noqa: E402
+
 _register_records(app)
 _register_tune(app)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from search_space import InvalidConfig, NoTemplate, Target, Workload, WorkloadError
 
@@ -23,6 +24,7 @@ from .build import build, resolve_config
 from .kernel import Kernel
 from .llvm_codegen import CodegenError
 from .llvm_jit import CompileError
+from .reference import inference_call
 from .result import MeasureInput, MeasureResult, Outcome
 from .timing import cache_flusher, time_samples
 
@@ -99,8 +101,12 @@ def build_step(task: Task) -> Built | MeasureResult:
 
 @lru_cache(maxsize=8)
 def _reference(workload: Workload) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """Inputs and NumPy's result, on one BLAS thread: a multi-threaded BLAS keeps its threads
+    spinning after the call, and they would steal the cores from the kernel timed next
+    (measured: the first timing of each worker 90x slower on two cores)."""
     inputs = workload.random_inputs()
-    return inputs, workload.reference(*inputs)
+    with threadpool_limits(1):
+        return inputs, workload.reference(*inputs)
 
 
 def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
@@ -109,9 +115,9 @@ def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
     try:
         start = time.perf_counter()
         inputs, expected = _reference(kernel.workload)
-        out = np.empty_like(expected)
+        call, out = inference_call(kernel, inputs)  # dense weights packed once, as deployed
         if options.check:
-            kernel(*inputs, out=out)
+            call()
             error = kernel.workload.max_error(out, expected)
             if not error <= 1:
                 phases["check"] = time.perf_counter() - start
@@ -120,7 +126,7 @@ def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
         phases["check"] = time.perf_counter() - start
         start = time.perf_counter()
         flush = cache_flusher(options.flush_cache_bytes) if options.flush_cache_bytes else None
-        samples = time_samples(lambda: kernel(*inputs, out=out), options.repeat, options.min_repeat_ms,
+        samples = time_samples(call, options.repeat, options.min_repeat_ms,
                                flush, options.cooldown_ms)
         phases["time"] = time.perf_counter() - start
     except Exception:  # noqa: BLE001
