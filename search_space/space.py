@@ -66,8 +66,8 @@ class ConfigSpace:
         self.knobs = {k.name: k for k in knobs}
         if len(self.knobs) != len(knobs):
             raise ValueError("duplicate knob names")
-        self._digits = self._make_digits(knobs, list(constraints))
-        self._slot = {name: (d, i) for d, digit in enumerate(self._digits) for i, name in enumerate(digit.names)}
+        self._constraints = list(constraints)
+        self._digits = self._make_digits(knobs, self._constraints)
         self._position = [{v: i for i, v in enumerate(digit.values)} for digit in self._digits]
 
     def _make_digits(self, knobs, constraints) -> list[_Digit]:
@@ -86,6 +86,16 @@ class ConfigSpace:
                 raise ValueError(f"constraints leave no valid value for knobs {', '.join(names)}")
             digits.append(_Digit(names, values))
         return digits
+
+    def restrict(self, allowed: dict[str, tuple]) -> ConfigSpace:
+        """The sub-space whose named knobs keep only the `allowed` values (same constraints): small
+        enough to measure exhaustively, as replay data sets are. Its indices are its own."""
+        unknown = set(allowed) - set(self.knobs)
+        if unknown:
+            raise InvalidConfig(f"no knob(s) {', '.join(sorted(unknown))} in this space")
+        knobs = [Knob(k.name, k.kind, tuple(c for c in k.candidates if k.name not in allowed or c in allowed[k.name]))
+                 for k in self.knobs.values()]
+        return ConfigSpace(knobs, self._constraints)
 
     def __len__(self) -> int:  # may exceed sys.maxsize; use `size` then
         return self.size

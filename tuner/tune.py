@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from db import Database
-from search_space import Target, Workload, get_space
+from search_space import ConfigSpace, Target, Workload, get_space
 from workers import MeasureInput, MeasureResult
 from workers.pool import Pool, make_pool
 from workers.task import MeasureOptions, Task
@@ -65,11 +65,14 @@ def history(database: Database, workload: Workload, target: Target, limit: int =
     return found
 
 
-def make_tuner(workload: Workload, target: Target, options: TuneOptions, database: Database):
-    space = get_space(workload, target)
+def make_tuner(workload: Workload, target: Target, options: TuneOptions, database: Database | None,
+               space: ConfigSpace | None = None):
+    """The tuner the options name, over `space` (default: the workload's whole space); an xgb tuner
+    gets the op's other shapes from the database as its base model when `options.transfer`."""
+    space = space or get_space(workload, target)
     if options.tuner != "xgb":
         return TUNERS[options.tuner](space, options.seed)
-    past = history(database, workload, target) if options.transfer else []
+    past = history(database, workload, target) if options.transfer and database is not None else []
     return TUNERS["xgb"](space, options.seed, workload=workload, target=target,
                          options=XGBOptions(model=CostModelOptions()), history=past)
 
@@ -96,8 +99,13 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
     result = TuneResult(job_id, list(done), len(done))
     own_pool = isinstance(pool, str)
     measurer = make_pool(pool) if own_pool else pool
+    def sink(measure_input: MeasureInput, measured: MeasureResult) -> None:
+        database.record(measure_input, measured, job_id)
+        if on_result:
+            on_result(measure_input, measured)
+
     try:
-        _loop(search, measurer, database, result, workload, target, options, on_result)
+        search_loop(search, measurer, workload, target, options, result.measured, sink)
     except BaseException as error:  # Ctrl-C included: the job stays resumable, its records are kept
         database.update_job(job_id, "cancelled" if isinstance(error, KeyboardInterrupt) else "failed",
                             f"{type(error).__name__}: {error}")
@@ -109,21 +117,23 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
     return result
 
 
-def _loop(search, pool, database, result, workload, target, options, on_result) -> None:
-    since_best, best = 0, max((r.gflops for _, r in result.measured), default=0.0)
-    while len(result.measured) < options.trials and search.has_next():
+def search_loop(search, pool, workload: Workload, target: Target, options: TuneOptions,
+                measured: list[tuple[MeasureInput, MeasureResult]],
+                sink: Callable[[MeasureInput, MeasureResult], None] = lambda i, r: None) -> None:
+    """Propose, measure, hand each result to `sink` (the database) before the tuner sees the batch;
+    until `measured` holds options.trials results, the space is exhausted, or early stopping."""
+    since_best, best = 0, max((r.gflops for _, r in measured), default=0.0)
+    while len(measured) < options.trials and search.has_next():
         if options.early_stopping and since_best >= options.early_stopping:
             return
-        configs = search.propose(min(options.batch, options.trials - len(result.measured)))
+        configs = search.propose(min(options.batch, options.trials - len(measured)))
         if not configs:
             return
         inputs = [MeasureInput(workload, target, c) for c in configs]
         results = pool.measure([Task.of(i) for i in inputs], options.measure)
-        for measure_input, measured in zip(inputs, results):
-            database.record(measure_input, measured, result.job_id)
-            result.measured.append((measure_input, measured))
-            since_best = 0 if measured.gflops > best else since_best + 1
-            best = max(best, measured.gflops)
-            if on_result:
-                on_result(measure_input, measured)
+        for measure_input, result in zip(inputs, results):
+            sink(measure_input, result)
+            measured.append((measure_input, result))
+            since_best = 0 if result.gflops > best else since_best + 1
+            best = max(best, result.gflops)
         search.observe(configs, results)

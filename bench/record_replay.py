@@ -1,0 +1,73 @@
+"""Record the replay data sets of tests/data/: every config of a sub-space of each evaluation
+workload, measured for real by the local pool on this machine.
+
+    python -m bench.record_replay [--only NAME] [--out tests/data]
+
+The sub-spaces keep the knob values that matter most (register block, cache blocks, k-block,
+vector width, unroll, loop order, parallel loop) at two or three values each: about a
+thousand points, a few minutes each to measure exhaustively.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from search_space import Target, batch_matmul, dense, matmul
+from tuner.replay import ReplayData, knob_key
+from workers import MeasureInput
+from workers.pool import make_pool
+from workers.task import MeasureOptions, Task
+
+SPLITS = lambda registers, blocks: [[-1, b, r] for r in registers for b in blocks]
+COMMON = {"vec": [8, 16], "unroll_k": [1, 4], "order": [["mo", "no", "ko"], ["no", "ko", "mo"]],
+          "inner_order": [["ni", "mi"]], "pack_b": [True]}
+DATA_SETS = {
+    "matmul512": (matmul(512, 512, 512), COMMON | {
+        "tile_m": SPLITS((4, 8, 12), (1, 4, 16)), "tile_n": SPLITS((16, 32, 64), (1, 4)),
+        "tile_k": [[-1, 64], [-1, 256]], "parallel": ["m", "n"]}),
+    "dense128x3072x768": (dense(128, 3072, 768), COMMON | {
+        "tile_m": SPLITS((4, 8, 12), (1, 4, 16)), "tile_n": SPLITS((16, 32, 64), (1, 4)),
+        "tile_k": [[-1, 64], [-1, 256]], "parallel": ["m", "n"]}),
+    "batch12x128x128x64": (batch_matmul(12, 128, 128, 64), COMMON | {
+        "tile_m": SPLITS((4, 8, 12), (1, 4, 16)), "tile_n": SPLITS((16, 32, 64), (1, 4)),
+        "tile_k": [[-1, 32], [-1, 64]], "parallel": ["b", "m"]}),
+}
+OPTIONS = MeasureOptions(repeat=3, min_repeat_ms=10.0)
+
+
+def record(name: str, out: Path, batch: int = 16) -> ReplayData:
+    workload, allowed = DATA_SETS[name]
+    target = Target.parse("llvm")
+    data = ReplayData(workload, target, allowed, {})
+    configs = list(data.space)
+    start = time.perf_counter()
+    with make_pool("local") as pool:
+        for first in range(0, len(configs), batch):
+            chunk = configs[first:first + batch]
+            results = pool.measure([Task.of(MeasureInput(workload, target, c)) for c in chunk], OPTIONS)
+            data.results.update({knob_key(c.to_dict()): r for c, r in zip(chunk, results)})
+            print(f"{name}: {len(data.results)}/{len(configs)} measured, best {data.best_gflops:.1f} GFLOPS, "
+                  f"{time.perf_counter() - start:.0f} s", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    data.save(out / f"replay_{name}.jsonl.gz")
+    return data
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=sorted(DATA_SETS))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests" / "data")
+    args = parser.parse_args()
+    for name in [args.only] if args.only else DATA_SETS:
+        data = record(name, args.out)
+        outcomes = {}
+        for r in data.results.values():
+            outcomes[r.outcome.value] = outcomes.get(r.outcome.value, 0) + 1
+        print(json.dumps({"data_set": name, "configs": len(data.results), "best_gflops": round(data.best_gflops, 2),
+                          "outcomes": outcomes}))
+
+
+if __name__ == "__main__":
+    main()
