@@ -7,29 +7,15 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from search_space import InvalidConfig, NoTemplate, Target, TargetError, Workload, WorkloadError
-from search_space.workload import parse_params
+from search_space import InvalidConfig, NoTemplate
+
+from .cli_args import parse_target, parse_workload
 
 app = typer.Typer(help="tensortune: autotuning of tensor kernels", no_args_is_help=True, add_completion=False)
 bench_app = typer.Typer(help="Benchmarks that print ratios against references measured in the same run",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 console = Console(stderr=True)
-
-
-def parse_workload(op: str, params: List[str]) -> Workload:
-    """`matmul`, `["M=64", "N=64", "K=64"]` → Workload; errors become a usage message."""
-    try:
-        return Workload.make(op, **parse_params(params))
-    except WorkloadError as error:
-        raise typer.BadParameter(str(error)) from None
-
-
-def parse_target(text: str) -> Target:
-    try:
-        return Target.parse(text)
-    except TargetError as error:
-        raise typer.BadParameter(str(error)) from None
 
 
 @app.command()
@@ -75,6 +61,16 @@ def bench_workers(json_lines: bool = typer.Option(False, "--json", help="one JSO
     from bench.workers import run
 
     run(json_lines=json_lines)
+
+
+@bench_app.command("tuner")
+def bench_tuner(json_lines: bool = typer.Option(False, "--json", help="one JSON object per line"),
+                seeds: int = typer.Option(5, "--seeds", min=1),
+                trials: int = typer.Option(160, "--trials", min=8)):
+    """Tuners compared on recorded measurements over several seeds; writes tuners_*.png."""
+    from bench.tuner import run
+
+    run(json_lines=json_lines, seeds=seeds, trials=trials)
 
 
 # Commands of other modules; imported here, after `app` and the helpers they use exist.

@@ -15,6 +15,8 @@ from rich.console import Console
 
 from db import Database, Record, export_log, import_log, upgrade
 
+from .cli_args import parse_target, parse_workload
+
 console = Console(stderr=True, soft_wrap=True)
 DB_HELP = "SQLAlchemy URL or SQLite file (default: $TENSORTUNE_DB, else ./tensortune.db)"
 
@@ -53,8 +55,6 @@ def best(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
          db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object")):
     """Print the best stored config of a workload on a target, its GFLOPS, when and where it was measured."""
-    from .cli import parse_target, parse_workload  # service.cli imports this module at its end
-
     workload, target_ = parse_workload(op, params), parse_target(target)
     with Database(db) as database:
         found = database.best(workload, target_)

@@ -1,0 +1,24 @@
+"""Turning the command line's words into workloads and targets, with usage errors that say why."""
+from __future__ import annotations
+
+from typing import List
+
+import typer
+
+from search_space import Target, TargetError, Workload, WorkloadError
+from search_space.workload import parse_params
+
+
+def parse_workload(op: str, params: List[str]) -> Workload:
+    """`matmul`, `["M=64", "N=64", "K=64"]` → Workload; errors become a usage message."""
+    try:
+        return Workload.make(op, **parse_params(params))
+    except WorkloadError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+def parse_target(text: str) -> Target:
+    try:
+        return Target.parse(text)
+    except TargetError as error:
+        raise typer.BadParameter(str(error)) from None
