@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from search_space import Config, ConfigSpace, Target, Workload, lower
+from search_space import Config, ConfigSpace, Target, Workload, get_space, lower
 from search_space.features import itervar_features, knob_features
 
 
@@ -31,7 +31,8 @@ class CostModelOptions:
 def features(workload: Workload, target: Target, space: ConfigSpace, config: Config, kind: str) -> np.ndarray:
     if kind == "knob":
         return knob_features(space, config)
-    return itervar_features(lower(workload, target, config), workload.flops)
+    whole = get_space(workload, target)  # `space` may be a restriction, with indices of its own
+    return itervar_features(lower(workload, target, whole.config(config.to_dict())), workload.flops)
 
 
 class XGBCostModel:
