@@ -77,7 +77,7 @@ class ReplayPool:
         pass
 
 
-def replay_curve(data: ReplayData, tuner: str, seed: int, trials: int, batch: int = 8) -> list[float]:
+def replay_curve(data: ReplayData, tuner: str, seed: int, trials: int, batch: int = 4) -> list[float]:
     """Best GFLOPS after each trial of one tuner run against the recorded measurements."""
     from .tune import TuneOptions, make_tuner, search_loop
 

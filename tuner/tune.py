@@ -24,7 +24,10 @@ from .xgb_tuner import XGBOptions
 class TuneOptions:
     trials: int = 64
     tuner: str = "xgb"
-    batch: int = 8  # candidates proposed and measured together
+    # candidates proposed and measured together: small batches let the model learn from every few
+    # measurements (replay: xgb reached 95% of the best in ~2x fewer trials with 4 than with 8),
+    # and 4 keep the two build slots of a 2-core host busy twice
+    batch: int = 4
     early_stopping: int | None = None  # stop after this many trials without a better config
     seed: int = 0
     transfer: bool = True  # xgb: start from a model of the op's other shapes in the database
@@ -78,7 +81,7 @@ def make_tuner(workload: Workload, target: Target, options: TuneOptions, databas
 
 
 def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tuner: str = "xgb",
-         db: Database | str | None = None, pool: Pool | str = "local", *, batch: int = 8,
+         db: Database | str | None = None, pool: Pool | str = "local", *, batch: int = 4,
          early_stopping: int | None = None, seed: int = 0, transfer: bool = True,
          measure: MeasureOptions = MeasureOptions(),
          on_result: Callable[[MeasureInput, MeasureResult], None] | None = None) -> TuneResult:
