@@ -68,7 +68,7 @@ def evaluate(name: str, data: ReplayData, seeds: int, trials: int, batch: int) -
     return row, curves
 
 
-def run(json_lines: bool = False, seeds: int = 5, trials: int = 160, batch: int = 4,
+def run(json_lines: bool = False, seeds: int = 9, trials: int = 160, batch: int = 4,
         plot_dir: Path = Path(".")) -> list[dict]:
     console = Console(stderr=json_lines)
     rows = []

@@ -65,12 +65,20 @@ def bench_workers(json_lines: bool = typer.Option(False, "--json", help="one JSO
 
 @bench_app.command("tuner")
 def bench_tuner(json_lines: bool = typer.Option(False, "--json", help="one JSON object per line"),
-                seeds: int = typer.Option(5, "--seeds", min=1),
+                seeds: int = typer.Option(9, "--seeds", min=5),
                 trials: int = typer.Option(160, "--trials", min=8)):
     """Tuners compared on recorded measurements over several seeds; writes tuners_*.png."""
     from bench.tuner import run
 
     run(json_lines=json_lines, seeds=seeds, trials=trials)
+
+
+@bench_app.command("transfer")
+def bench_transfer(trials: int = typer.Option(64, "--trials", min=8, help="measured per history shape")):
+    """xgb on a dense shape with and without a model of two other dense shapes (measured now)."""
+    from bench.transfer import run
+
+    run(trials=trials)
 
 
 # Commands of other modules; imported here, after `app` and the helpers they use exist.

@@ -46,8 +46,10 @@ def test_xgb_starts_from_the_other_shapes_of_the_op(tmp_path, pool):
     database = Database(f"sqlite:///{tmp_path}/t.db")
     for shape in (matmul(32, 32, 32), matmul(48, 32, 64)):
         tune(shape, TARGET, 12, "random", database, pool, batch=6, measure=FAST)
-    from tuner.tune import TuneOptions, make_tuner
-    fresh = make_tuner(matmul(64, 32, 48), TARGET, TuneOptions(trials=8), database)
+    from tuner.tune import TuneOptions, history, make_tuner
+    past = history(database, matmul(64, 32, 48), TARGET)
+    assert len(past) == 2 and all(len(x) == len(y) == 12 for x, y in past)
+    fresh = make_tuner(matmul(64, 32, 48), TARGET, TuneOptions(trials=8), past)
     assert fresh.model.base is not None and fresh.model.trained
     assert len(fresh.propose(8)) == 8
 

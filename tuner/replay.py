@@ -77,12 +77,14 @@ class ReplayPool:
         pass
 
 
-def replay_curve(data: ReplayData, tuner: str, seed: int, trials: int, batch: int = 4) -> list[float]:
-    """Best GFLOPS after each trial of one tuner run against the recorded measurements."""
+def replay_curve(data: ReplayData, tuner: str, seed: int, trials: int, batch: int = 4,
+                 past: Sequence[tuple] = ()) -> list[float]:
+    """Best GFLOPS after each trial of one tuner run against the recorded measurements
+    (an xgb tuner starting from a base model of `past`, when given)."""
     from .tune import TuneOptions, make_tuner, search_loop
 
-    options = TuneOptions(trials=min(trials, data.space.size), tuner=tuner, batch=batch, seed=seed, transfer=False)
-    search = make_tuner(data.workload, data.target, options, None, data.space)
+    options = TuneOptions(trials=min(trials, data.space.size), tuner=tuner, batch=batch, seed=seed)
+    search = make_tuner(data.workload, data.target, options, past, data.space)
     measured: list = []
     search_loop(search, ReplayPool(data), data.workload, data.target, options, measured)
     best, curve = 0.0, []

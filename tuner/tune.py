@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -68,14 +68,13 @@ def history(database: Database, workload: Workload, target: Target, limit: int =
     return found
 
 
-def make_tuner(workload: Workload, target: Target, options: TuneOptions, database: Database | None,
+def make_tuner(workload: Workload, target: Target, options: TuneOptions, past: Sequence[tuple] = (),
                space: ConfigSpace | None = None):
     """The tuner the options name, over `space` (default: the workload's whole space); an xgb tuner
-    gets the op's other shapes from the database as its base model when `options.transfer`."""
+    starts from a base model of `past` (see `history`)."""
     space = space or get_space(workload, target)
     if options.tuner != "xgb":
         return TUNERS[options.tuner](space, options.seed)
-    past = history(database, workload, target) if options.transfer and database is not None else []
     return TUNERS["xgb"](space, options.seed, workload=workload, target=target,
                          options=XGBOptions(model=CostModelOptions()), history=past)
 
@@ -95,7 +94,8 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
     job = database.unfinished_job(workload, target, options.tuner, options.trials)
     job_id = job.id if job else database.create_job(workload, target, options.tuner, options.trials)
     database.update_job(job_id, "running")
-    search = make_tuner(workload, target, options, database)
+    past = history(database, workload, target) if options.tuner == "xgb" and options.transfer else []
+    search = make_tuner(workload, target, options, past)
     done = [(r.input, r.result) for r in database.job_records(job_id)]
     if done:
         search.observe([i.config for i, _ in done], [r for _, r in done])
