@@ -76,3 +76,18 @@ def test_a_killed_tune_resumes_without_repeating_a_config(tmp_path):
     records = database.job_records(job.id)
     assert len(records) == 30 and len({r.input.config.index for r in records}) == 30
     assert database.job(job.id).status == "done"
+
+
+def test_plot_draws_a_jobs_curve(tmp_path, pool):
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    result = tune(matmul(24, 24, 24), TARGET, 6, "random", database, pool, measure=FAST)
+    out = tmp_path / "curve.png"
+    cli = CliRunner().invoke(app, ["plot", str(result.job_id), "--db", database.url, "--out", str(out)])
+    assert cli.exit_code == 0, cli.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    missing = CliRunner().invoke(app, ["plot", "999", "--db", database.url])
+    assert missing.exit_code == 1 and "no job 999" in missing.output
