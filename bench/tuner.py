@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,28 @@ def evaluate(name: str, data: ReplayData, seeds: int, trials: int, batch: int) -
             f"best_after_{n}": round(statistics.median(r[min(n, len(r)) - 1] for r in runs), 2) for n in CHECKPOINTS}
     row["model"] = model_quality(data)
     return row, curves
+
+
+def live(workload=None, seeds: int = 3, trials: int = 64) -> dict:
+    """The same comparison live, on the local pool: xgb and random with a few seeds each, transfer
+    off; the level is 95% of the best any run found."""
+    from search_space import Target, dense
+    from tuner.tune import tune
+
+    workload = workload or dense(128, 3072, 768)
+    curves: dict[str, list[list[float]]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for tuner in ("xgb", "random"):
+            for seed in range(seeds):
+                database = f"sqlite:///{folder}/{tuner}{seed}.db"
+                result = tune(workload, Target.parse("llvm"), trials, tuner, database, seed=seed, transfer=False)
+                curves.setdefault(tuner, []).append(result.curve)
+    best = max(c[-1] for runs in curves.values() for c in runs)
+    row = {"live": workload.key, "seeds": seeds, "trials": trials, "best_found_gflops": round(best, 2)} | {
+        tuner: {"median_trials_to_95pct": median_trials(runs, 0.95 * best),
+                "per_seed": [trials_to_reach(c, 0.95 * best) for c in runs]} for tuner, runs in curves.items()}
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def run(json_lines: bool = False, seeds: int = 9, trials: int = 160, batch: int = 4,

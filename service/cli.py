@@ -66,11 +66,14 @@ def bench_workers(json_lines: bool = typer.Option(False, "--json", help="one JSO
 @bench_app.command("tuner")
 def bench_tuner(json_lines: bool = typer.Option(False, "--json", help="one JSON object per line"),
                 seeds: int = typer.Option(9, "--seeds", min=5),
-                trials: int = typer.Option(160, "--trials", min=8)):
+                trials: int = typer.Option(160, "--trials", min=8),
+                live: bool = typer.Option(False, "--live", help="also xgb vs random live on dense 128x3072x768")):
     """Tuners compared on recorded measurements over several seeds; writes tuners_*.png."""
-    from bench.tuner import run
+    from bench import tuner
 
-    run(json_lines=json_lines, seeds=seeds, trials=trials)
+    tuner.run(json_lines=json_lines, seeds=seeds, trials=trials)
+    if live:
+        tuner.live()
 
 
 @bench_app.command("transfer")
