@@ -42,6 +42,16 @@ def test_early_stopping_ends_a_job_before_its_budget(tmp_path, pool):
     assert len(result.measured) < 200
 
 
+def test_stop_ends_a_job_cancelled_after_the_batch_in_flight(tmp_path, pool):
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    job = database.create_job(matmul(16, 16, 16), TARGET, "random", 40)
+    seen = []
+    result = tune(matmul(16, 16, 16), TARGET, 40, "random", database, pool, batch=3, measure=FAST, job=job,
+                  on_result=lambda i, r: seen.append(r), stop=lambda: len(seen) >= 4)
+    assert result.job_id == job and len(result.measured) == len(database.job_records(job)) == 6
+    assert database.job(job).status == "cancelled"
+
+
 def test_xgb_starts_from_the_other_shapes_of_the_op(tmp_path, pool):
     database = Database(f"sqlite:///{tmp_path}/t.db")
     for shape in (matmul(32, 32, 32), matmul(48, 32, 64)):

@@ -83,16 +83,17 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
          db: Database | str | None = None, pool: Pool | str = "local", *, batch: int = 4,
          early_stopping: int | None = None, seed: int = 0, transfer: bool = True,
          measure: MeasureOptions = MeasureOptions(),
-         on_result: Callable[[MeasureInput, MeasureResult], None] | None = None) -> TuneResult:
+         on_result: Callable[[MeasureInput, MeasureResult], None] | None = None,
+         job: int | None = None, stop: Callable[[], bool] = lambda: False) -> TuneResult:
     """Tune until `trials` configs of the job are measured (or early stopping ends it).
 
     Running the same request again resumes an unfinished job: it reloads what the job measured,
-    refits the model on it, and measures nothing twice."""
+    refits the model on it, and measures nothing twice. `job` names the job to run (the service's
+    runner claims one); `stop()` is asked between batches and ends the job `cancelled`."""
     options = TuneOptions(trials, tuner, batch, early_stopping, seed, transfer, measure)
     target = Target.parse(target)
     database = db if isinstance(db, Database) else Database(db)
-    job = database.unfinished_job(workload, target, options.tuner, options.trials)
-    job_id = job.id if job else database.create_job(workload, target, options.tuner, options.trials)
+    job_id = job if job is not None else resumable_job(database, workload, target, options)
     database.update_job(job_id, "running")
     past = history(database, workload, target) if options.tuner == "xgb" and options.transfer else []
     search = make_tuner(workload, target, options, past)
@@ -108,7 +109,7 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
             on_result(measure_input, measured)
 
     try:
-        search_loop(search, measurer, workload, target, options, result.measured, sink)
+        stopped = search_loop(search, measurer, workload, target, options, result.measured, sink, stop)
     except BaseException as error:  # Ctrl-C included: the job stays resumable, its records are kept
         database.update_job(job_id, "cancelled" if isinstance(error, KeyboardInterrupt) else "failed",
                             f"{type(error).__name__}: {error}")
@@ -116,22 +117,33 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
     finally:
         if own_pool:
             measurer.close()
-    database.update_job(job_id, "done")
+    database.update_job(job_id, "cancelled" if stopped else "done")
     return result
+
+
+def resumable_job(database: Database, workload: Workload, target: Target, options: TuneOptions) -> int:
+    """The unfinished job of exactly this request, or a new one."""
+    job = database.unfinished_job(workload, target, options.tuner, options.trials)
+    return job.id if job else database.create_job(workload, target, options.tuner, options.trials)
 
 
 def search_loop(search, pool, workload: Workload, target: Target, options: TuneOptions,
                 measured: list[tuple[MeasureInput, MeasureResult]],
-                sink: Callable[[MeasureInput, MeasureResult], None] = lambda i, r: None) -> None:
+                sink: Callable[[MeasureInput, MeasureResult], None] = lambda i, r: None,
+                stop: Callable[[], bool] = lambda: False) -> bool:
     """Propose, measure, hand each result to `sink` (the database) before the tuner sees the batch;
-    until `measured` holds options.trials results, the space is exhausted, or early stopping."""
+    until `measured` holds options.trials results, the space is exhausted, early stopping, or `stop()`
+    (asked before each batch, so the batch in flight is always finished and recorded).
+    Returns whether `stop()` ended it."""
     since_best, best = 0, max((r.gflops for _, r in measured), default=0.0)
     while len(measured) < options.trials and search.has_next():
         if options.early_stopping and since_best >= options.early_stopping:
-            return
+            return False
+        if stop():
+            return True
         configs = search.propose(min(options.batch, options.trials - len(measured)))
         if not configs:
-            return
+            return False
         inputs = [MeasureInput(workload, target, c) for c in configs]
         results = pool.measure([Task.of(i) for i in inputs], options.measure)
         for measure_input, result in zip(inputs, results):
@@ -140,3 +152,4 @@ def search_loop(search, pool, workload: Workload, target: Target, options: TuneO
             since_best = 0 if result.gflops > best else since_best + 1
             best = max(best, result.gflops)
         search.observe(configs, results)
+    return False
