@@ -10,17 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .cli_args import parse_target, parse_workload
+from .runner import make_measurer
 
 console = Console(stderr=True)
-
-
-def make_measurer(workers: str):
-    """`local`, `ray` (RAY_ADDRESS or a local cluster) or a Ray cluster address."""
-    from workers.pool import RayPoolOptions, make_pool
-
-    if workers == "local":
-        return make_pool("local")
-    return make_pool("ray", RayPoolOptions(address=None if workers == "ray" else workers))
 
 
 def compare_with_numpy(workload, target, config) -> tuple[float, float]:
