@@ -12,9 +12,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, select, text, update
+from sqlalchemy import Connection, func, select, text, update
 
-from .models import JobRow, utcnow
+from .models import JobRow, MeasurementRow, utcnow
 from .store import Database, Job
 
 ADVISORY_NAMESPACE = 0x7474  # first key of the two-key advisory lock; the job id is the second
@@ -91,3 +91,10 @@ class JobQueue:
         with self.database.sessions() as session:
             rows = session.scalars(select(JobRow).order_by(JobRow.id.desc()).limit(limit)).all()
             return [Database._job(session, row) for row in rows]
+
+    def progress(self, job_ids: list[int]) -> dict[int, tuple[int, float]]:
+        """(candidates measured, best GFLOPS) per job that has measurements, in one query."""
+        query = (select(MeasurementRow.job_id, func.count(), func.max(MeasurementRow.gflops))
+                 .where(MeasurementRow.job_id.in_(job_ids)).group_by(MeasurementRow.job_id))
+        with self.database.read_sessions() as session:
+            return {job_id: (count, best) for job_id, count, best in session.execute(query)}

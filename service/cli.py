@@ -86,10 +86,14 @@ def bench_transfer(trials: int = typer.Option(64, "--trials", min=8, help="measu
 
 # Commands of other modules; imported here, after `app` and the helpers they use exist.
 from .cli_records import register as _register_records  # noqa: E402
+from .cli_serve import register as _register_serve  # noqa: E402
+from .cli_server import register as _register_server  # noqa: E402
 from .cli_tune import register as _register_tune  # noqa: E402
 
 _register_records(app)
 _register_tune(app)
+_register_serve(app)
+_register_server(app)
 
 
 def main() -> None:

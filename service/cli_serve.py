@@ -1,0 +1,44 @@
+"""`tensortune serve`: the REST API and the job runner in one process (uvicorn)."""
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import Optional
+
+import typer
+
+from .runner import default_workers
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(host: str = typer.Option("127.0.0.1", "--host"),
+          port: int = typer.Option(8000, "--port", min=1, max=65535),
+          db: Optional[str] = typer.Option(None, "--db", help="SQLAlchemy URL (default: TENSORTUNE_DB or ./tensortune.db)"),
+          workers: str = typer.Option(default_workers(), "--workers", help="local, ray, or a Ray cluster address"),
+          runners: int = typer.Option(1, "--runners", min=1, help="jobs tuned at once")):
+    """Serve the API and run queued jobs; TENSORTUNE_TOKEN guards every POST."""
+    import uvicorn
+
+    from db import Database
+
+    from .api import create_app
+    from .runner import Runner, RunnerOptions
+
+    token = os.environ.get("TENSORTUNE_TOKEN") or None
+    if not token and not is_loopback(host):
+        raise typer.BadParameter(f"refusing to listen on {host} without TENSORTUNE_TOKEN set", param_hint="--host")
+    database = Database(db)
+    runner = Runner(database, RunnerOptions(threads=runners, workers=workers))
+    uvicorn.run(create_app(database, runner, token), host=host, port=port, log_level="info")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)

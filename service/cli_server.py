@@ -1,0 +1,70 @@
+"""`tensortune submit`, `jobs`, `cancel`: the CLI as a client of a running `tensortune serve`."""
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .cli_args import parse_workload
+
+console = Console(stderr=True)
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+ServerOption = typer.Option(None, "--server", help=f"URL of tensortune serve (default: TENSORTUNE_SERVER or {DEFAULT_SERVER})")
+
+
+def request(server: Optional[str], method: str, path: str, **kwargs) -> dict | list:
+    """One API call; HTTP errors and unreachable servers end the command with the server's reason."""
+    import httpx
+
+    base = server or os.environ.get("TENSORTUNE_SERVER") or DEFAULT_SERVER
+    token = os.environ.get("TENSORTUNE_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.request(method, base.rstrip("/") + path, headers=headers, timeout=30, **kwargs)
+    except httpx.HTTPError as error:
+        console.print(f"[red]cannot reach {base}:[/red] {error}")
+        raise typer.Exit(1)
+    if response.is_error:
+        detail = response.json().get("detail", response.text) if "json" in response.headers.get("content-type", "") else response.text
+        console.print(f"[red]{response.status_code}:[/red] {detail}")
+        raise typer.Exit(1)
+    return response.json()
+
+
+def submit(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
+           params: List[str] = typer.Argument(..., help="NAME=VALUE parameters"),
+           target: str = typer.Option("llvm", "--target"),
+           trials: int = typer.Option(64, "--trials", min=1, max=100_000),
+           tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
+           server: Optional[str] = ServerOption):
+    """Queue a tuning job on the server; prints its id."""
+    workload = parse_workload(op, params)
+    job = request(server, "POST", "/api/jobs", json={"workload": {"op": workload.op, "params": workload.p},
+                                                      "target": target, "trials": trials, "tuner": tuner})
+    print(job["id"])
+
+
+def jobs(server: Optional[str] = ServerOption, limit: int = typer.Option(50, "--limit", min=1, max=1000)):
+    """The server's newest jobs with their progress."""
+    table = Table("id", "workload", "tuner", "status", "trials", "best GFLOPS", "error")
+    for job in request(server, "GET", "/api/jobs", params={"limit": limit}):
+        best = f"{job['best_gflops']:.1f}" if job["best_gflops"] else "-"
+        table.add_row(str(job["id"]), job["workload"], job["tuner"], job["status"],
+                      f"{job['trials_done']}/{job['trials']}", best, job["error"][:60])
+    Console().print(table)
+
+
+def cancel(job_id: int = typer.Argument(..., help="job id"), server: Optional[str] = ServerOption):
+    """Cancel a queued or running job (a running one stops after its batch in flight)."""
+    job = request(server, "POST", f"/api/jobs/{job_id}/cancel")
+    print(f"job {job['id']}: {job['status']}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `submit`, `jobs` and `cancel` to the CLI app."""
+    app.command()(submit)
+    app.command()(jobs)
+    app.command()(cancel)
