@@ -1,0 +1,110 @@
+"""The REST API over a real runner and a real local pool, on SQLite and PostgreSQL."""
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from db import Database
+from service.api import create_app
+from service.runner import Runner, RunnerOptions
+from tests.db_helpers import BACKENDS, pg_schema
+from workers.task import MeasureOptions
+
+FAST = MeasureOptions(repeat=2, min_repeat_ms=1.0)
+TOKEN = {"Authorization": "Bearer s3cret"}
+
+
+def job_body(trials: int = 8, **params) -> dict:
+    return {"workload": {"op": "matmul", "params": params or {"M": 16, "N": 16, "K": 16}},
+            "target": "llvm -threads=1", "trials": trials, "tuner": "random"}
+
+
+@pytest.fixture(params=BACKENDS)
+def database(request, tmp_path):
+    if request.param == "sqlite":
+        yield Database(f"sqlite:///{tmp_path}/api.db")
+        return
+    with pg_schema() as url:
+        database = Database(url)
+        yield database
+        database.close()
+
+
+def wait_for(client: TestClient, job_id: int, statuses: tuple, seconds: float = 60) -> dict:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        job = client.get(f"/api/jobs/{job_id}").json()
+        if job["status"] in statuses:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} still {job['status']}")
+
+
+def test_a_job_submitted_over_http_runs_to_done_with_its_measurements(database):
+    runner = Runner(database, RunnerOptions(workers="local", poll_seconds=0.1, measure=FAST))
+    with TestClient(create_app(database, runner, token="s3cret")) as client:
+        created = client.post("/api/jobs", json=job_body(), headers=TOKEN)
+        assert created.status_code == 201 and created.json()["status"] == "queued"
+        job = wait_for(client, created.json()["id"], ("done", "failed"))
+        assert job["status"] == "done" and job["trials_done"] == 8 and len(job["curve"]) == 8
+        assert job["curve"] == sorted(job["curve"]) and job["best_gflops"] == job["curve"][-1] > 0
+        assert sum(job["outcomes"].values()) == 8 and job["best_config"]["knobs"]
+        assert len(database.job_records(job["id"])) == 8
+        best = client.get("/api/best", params={"workload": job["workload"], "target": job["target"]}).json()
+        assert best["gflops"] == job["best_gflops"] and best["job_id"] == job["id"]
+        listed = client.get("/api/jobs").json()
+        assert [(j["id"], j["trials_done"]) for j in listed] == [(job["id"], 8)]
+        assert client.get("/api/workers").json()["runners"][0]["candidates"] == 8
+
+
+def test_cancel_stops_a_running_job_and_a_queued_one(database):
+    runner = Runner(database, RunnerOptions(workers="local", poll_seconds=0.1, measure=FAST))
+    with TestClient(create_app(database, runner)) as client:
+        running = client.post("/api/jobs", json=job_body(trials=400, M=32, N=32, K=32)).json()["id"]
+        queued = client.post("/api/jobs", json=job_body()).json()["id"]
+        wait_for(client, running, ("running",))
+        while client.get(f"/api/jobs/{running}").json()["trials_done"] < 4:
+            time.sleep(0.1)
+        assert client.post(f"/api/jobs/{queued}/cancel").json()["status"] == "cancelled"
+        assert client.post(f"/api/jobs/{running}/cancel").json()["status"] == "cancelled"
+        time.sleep(1.5)  # the batch in flight finishes; nothing after it
+        done = client.get(f"/api/jobs/{running}").json()
+        assert done["status"] == "cancelled" and 4 <= done["trials_done"] < 400
+        time.sleep(1.0)
+        assert client.get(f"/api/jobs/{running}").json()["trials_done"] == done["trials_done"]
+        assert client.get(f"/api/jobs/{queued}").json()["trials_done"] == 0
+        assert client.post("/api/jobs/999/cancel").status_code == 404
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"workload": {"op": "conv9", "params": {"M": 1}}}, "unknown op 'conv9'"),
+    ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8}}}, "missing parameter(s) K"),
+    ({"workload": {"op": "matmul", "params": {"M": 8, "N": -8, "K": 8}}}, "N=-8 is out of range"),
+    ({"workload": {"op": "matmul", "params": {"M": 65536, "N": 65536, "K": 8}}}, "more than"),
+    ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "trials": 0}, "greater than or equal to 1"),
+    ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "trials": 10**6}, "less than or equal"),
+    ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "target": "opencl"}, "unknown target"),
+    ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "tuner": "bayes"}, "'xgb', 'random'"),
+])
+def test_bad_requests_get_precise_422s(tmp_path, body, message):
+    client = TestClient(create_app(Database(f"sqlite:///{tmp_path}/api.db")))
+    response = client.post("/api/jobs", json=body)
+    assert response.status_code == 422 and message in response.text
+
+
+def test_writes_need_the_token_when_one_is_set(tmp_path):
+    client = TestClient(create_app(Database(f"sqlite:///{tmp_path}/api.db"), token="s3cret"))
+    assert client.post("/api/jobs", json=job_body()).status_code == 401
+    assert client.post("/api/jobs", json=job_body(), headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.post("/api/jobs/1/cancel").status_code == 401
+    assert client.get("/api/jobs").status_code == 200  # reads stay open
+    assert client.post("/api/jobs", json=job_body(), headers=TOKEN).status_code == 201
+
+
+def test_unknown_ids_and_missing_best_are_404(tmp_path):
+    client = TestClient(create_app(Database(f"sqlite:///{tmp_path}/api.db")))
+    assert client.get("/api/jobs/12").status_code == 404
+    assert client.get("/api/best", params={"workload": "matmul(M=8,N=8,K=8,dtype=float32)"}).status_code == 404
+    assert client.get("/api/best", params={"workload": "nonsense"}).status_code == 422
+    assert client.get("/healthz").json()["status"] == "ok"
+    assert [op["op"] for op in client.get("/api/workloads").json()["ops"]] == ["matmul", "dense", "batch_matmul"]
