@@ -1,0 +1,75 @@
+"""`tensortune serve` killed mid-job and started again: the job completes its budget, nothing twice,
+nothing lost. Submitted, listed and cancelled with the CLI against the real server."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from db import Database
+
+SERVE = [sys.executable, "-m", "service", "serve", "--workers", "local"]
+CLI = [sys.executable, "-m", "service"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(url: str, port: int, env: dict) -> subprocess.Popen:
+    server = subprocess.Popen(SERVE + ["--db", url, "--port", str(port)], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/healthz").raise_for_status()
+            return server
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise AssertionError("tensortune serve did not come up")
+
+
+def test_a_killed_service_resumes_its_job_without_repeating_or_losing_a_measurement(tmp_path):
+    url, port = f"sqlite:///{tmp_path}/serve.db", free_port()
+    env = {**os.environ, "TENSORTUNE_SERVER": f"http://127.0.0.1:{port}", "TENSORTUNE_TOKEN": "s3cret"}
+    server = start(url, port, env)
+    try:
+        submitted = subprocess.run(CLI + ["submit", "matmul", "M=48", "N=48", "K=48", "--trials", "30", "--tuner",
+                                          "random", "--target", "llvm -threads=1"], env=env, capture_output=True,
+                                   text=True, check=True)
+        job_id = int(submitted.stdout.strip())
+        database = Database(url)
+        deadline = time.monotonic() + 60
+        while len(database.job_records(job_id)) < 6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        before = len(database.job_records(job_id))
+        assert 6 <= before < 30 and database.job(job_id).status == "running"
+        server = start(url, port, env)
+        deadline = time.monotonic() + 90
+        while database.job(job_id).status != "done" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        records = database.job_records(job_id)
+        assert database.job(job_id).status == "done" and len(records) == 30
+        assert len({r.input.config.index for r in records}) == 30
+        listed = subprocess.run(CLI + ["jobs"], env={**env, "COLUMNS": "200"}, capture_output=True, text=True,
+                                check=True).stdout
+        assert "30/30" in listed and "done" in listed
+        refused = subprocess.run(CLI + ["cancel", str(job_id)], env=env, capture_output=True, text=True)
+        assert refused.returncode == 1 and "already done" in refused.stderr
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def test_serve_refuses_a_public_address_without_a_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TENSORTUNE_TOKEN"}
+    refused = subprocess.run(SERVE + ["--host", "0.0.0.0", "--db", f"sqlite:///{tmp_path}/x.db"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "without TENSORTUNE_TOKEN" in refused.stderr
