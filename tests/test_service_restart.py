@@ -69,7 +69,7 @@ def test_a_killed_service_resumes_its_job_without_repeating_or_losing_a_measurem
 
 
 def test_serve_refuses_a_public_address_without_a_token(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TENSORTUNE_TOKEN"}
+    env = {**{k: v for k, v in os.environ.items() if k != "TENSORTUNE_TOKEN"}, "COLUMNS": "200"}
     refused = subprocess.run(SERVE + ["--host", "0.0.0.0", "--db", f"sqlite:///{tmp_path}/x.db"], env=env,
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "without TENSORTUNE_TOKEN" in refused.stderr
