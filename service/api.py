@@ -6,24 +6,28 @@ import hmac
 import socket
 from collections import Counter
 from contextlib import asynccontextmanager
+from pathlib import Path as FilePath
 
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Path, Query
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from sqlalchemy import text
 
 from db import Database, Job
 from db.queue import JobQueue
-from search_space import Target, Workload, WorkloadError, host_target
+from search_space import Workload, WorkloadError, format_program, host_target, lower
 from search_space.workload import OPS
 
-from .api_models import (MAX_TRIALS, JobDetail, JobIn, JobOut, OpOut, RecordOut, RunnerOut, WorkersOut, WorkloadsOut,
-                         parse_target)
+from .api_models import (MAX_TRIALS, JobDetail, JobIn, JobOut, OpOut, RecordOut, ReferenceOut, RunnerOut, WorkersOut,
+                         WorkloadsOut, parse_target)
+from .numpy_reference import NumpyReference
+from .ray_nodes import ray_nodes
 from .runner import Runner
 
 JobId = Path(ge=1, le=2**31 - 1)
-PLACEHOLDER = "<!doctype html><title>tensortune</title><h1>tensortune</h1><p>API: <a href=/docs>/docs</a></p>"
+STATIC = FilePath(__file__).parent / "static"
 
 
 def job_out(job: Job, progress: tuple[int, float] | None) -> dict:
@@ -56,6 +60,7 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
 
     app = FastAPI(title="tensortune", version="0.1.0", lifespan=lifespan)
     queue = JobQueue(database)
+    reference = NumpyReference()
     writer = [Depends(bearer(token))]
 
     def known(job_id: int) -> Job:
@@ -84,9 +89,20 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
         best_ok = best if best is not None and best.result.ok else None
         return {**job_out(found, (len(records), max(gflops, default=0.0))),
                 "curve": np.maximum.accumulate(gflops).tolist() if gflops else [],
+                "candidates": [{"gflops": r.result.gflops, "outcome": r.result.outcome.value} for r in records],
                 "outcomes": Counter(r.result.outcome.value for r in records),
                 "best_config": {"index": best_ok.input.config.index, "knobs": best_ok.input.config.to_dict()}
+                if best_ok else None,
+                "best_program": format_program(lower(found.workload, found.target, best_ok.input.config))
                 if best_ok else None}
+
+    @app.get("/api/jobs/{job_id}/reference", response_model=ReferenceOut, responses={404: {"description": "no such job"}})
+    def numpy_reference(job_id: int = JobId):
+        """NumPy's GFLOPS on the job's workload with the target's threads: the dashboard's reference line."""
+        found = known(job_id)
+        threads = found.target.threads
+        return {"workload": found.workload.key, "threads": threads,
+                "numpy_gflops": reference.gflops(found.workload, threads)}
 
     @app.post("/api/jobs/{job_id}/cancel", response_model=JobOut, dependencies=writer,
               responses={404: {"description": "no such job"}, 409: {"description": "the job has finished"}})
@@ -123,7 +139,8 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
         slots = runner.slots if runner else []
         return {"host": socket.gethostname(), "cpu": host_target().model, "pool": runner.options.workers if runner else "",
                 "runners": [RunnerOut(name=s.name, job_id=s.job_id, busy=s.job_id is not None, candidates=s.candidates)
-                            for s in slots]}
+                            for s in slots],
+                "ray_nodes": ray_nodes()}
 
     @app.get("/healthz")
     def healthz():
@@ -131,8 +148,10 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
             connection.execute(text("SELECT 1"))
         return {"status": "ok", "database": str(database), "max_trials": MAX_TRIALS}
 
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index():
-        return PLACEHOLDER
+        return (STATIC / "index.html").read_text()
 
     return app

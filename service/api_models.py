@@ -65,10 +65,23 @@ class JobOut(BaseModel):
     best_gflops: Optional[float] = Field(description="best GFLOPS measured so far; null before any ok candidate")
 
 
+class CandidateOut(BaseModel):
+    gflops: float
+    outcome: str
+
+
 class JobDetail(JobOut):
     curve: list[float] = Field(description="best GFLOPS after each trial")
+    candidates: list[CandidateOut] = Field(description="every measured candidate, in trial order")
     outcomes: dict[str, int] = Field(description="candidates per measurement outcome")
     best_config: Optional[dict] = Field(description="{index, knobs} of the best config so far")
+    best_program: Optional[str] = Field(description="the best config's lowered loop nest")
+
+
+class ReferenceOut(BaseModel):
+    workload: str
+    threads: int
+    numpy_gflops: float = Field(description="NumPy's GFLOPS on this workload, measured once by this service")
 
 
 class RecordOut(BaseModel):
@@ -102,8 +115,17 @@ class RunnerOut(BaseModel):
     candidates: int
 
 
+class RayNodeOut(BaseModel):
+    host: str
+    address: str
+    alive: bool
+    cpus: float
+    gpus: float
+
+
 class WorkersOut(BaseModel):
     host: str
     cpu: str
     pool: str
     runners: list[RunnerOut]
+    ray_nodes: list[RayNodeOut] = Field(description="the Ray cluster's nodes when a Ray pool is active")

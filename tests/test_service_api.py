@@ -49,12 +49,17 @@ def test_a_job_submitted_over_http_runs_to_done_with_its_measurements(database):
         assert job["status"] == "done" and job["trials_done"] == 8 and len(job["curve"]) == 8
         assert job["curve"] == sorted(job["curve"]) and job["best_gflops"] == job["curve"][-1] > 0
         assert sum(job["outcomes"].values()) == 8 and job["best_config"]["knobs"]
+        assert [c["gflops"] for c in job["candidates"]] == [r.result.gflops for r in database.job_records(job["id"])]
+        assert "for " in job["best_program"]
+        reference = client.get(f"/api/jobs/{job['id']}/reference").json()
+        assert reference["numpy_gflops"] > 0 and reference["threads"] == 1 and reference["workload"] == job["workload"]
         assert len(database.job_records(job["id"])) == 8
         best = client.get("/api/best", params={"workload": job["workload"], "target": job["target"]}).json()
         assert best["gflops"] == job["best_gflops"] and best["job_id"] == job["id"]
         listed = client.get("/api/jobs").json()
         assert [(j["id"], j["trials_done"]) for j in listed] == [(job["id"], 8)]
-        assert client.get("/api/workers").json()["runners"][0]["candidates"] == 8
+        workers = client.get("/api/workers").json()
+        assert workers["runners"][0]["candidates"] == 8 and workers["ray_nodes"] == []
 
 
 def test_cancel_stops_a_running_job_and_a_queued_one(database):

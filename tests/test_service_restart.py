@@ -2,36 +2,14 @@
 nothing lost. Submitted, listed and cancelled with the CLI against the real server."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
-import httpx
-
 from db import Database
+from tests.serve_helpers import SERVE, free_port, start
 
-SERVE = [sys.executable, "-m", "service", "serve", "--workers", "local"]
 CLI = [sys.executable, "-m", "service"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start(url: str, port: int, env: dict) -> subprocess.Popen:
-    server = subprocess.Popen(SERVE + ["--db", url, "--port", str(port)], env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/healthz").raise_for_status()
-            return server
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise AssertionError("tensortune serve did not come up")
 
 
 def test_a_killed_service_resumes_its_job_without_repeating_or_losing_a_measurement(tmp_path):
