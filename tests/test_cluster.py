@@ -102,6 +102,6 @@ def test_a_job_over_http_is_measured_on_the_worker_node_and_stored_in_postgresql
             for process in reversed(started):
                 os.killpg(process.pid, signal.SIGTERM)
                 process.wait(30)
-            current = "/tmp/ray/ray_current_cluster"  # written by our head; a later ray.init() would follow it
-            if os.path.exists(current) and open(current).read().strip() == address:
+            current = "/tmp/ray/ray_current_cluster"  # our head wrote NODE_IP:PORT; a later ray.init() would follow it
+            if os.path.exists(current) and open(current).read().strip().endswith(f":{ray_port}"):
                 os.remove(current)

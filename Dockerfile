@@ -1,0 +1,17 @@
+# One image for every tensortune service of docker-compose.yml: the Ray head with `tensortune serve`,
+# and the CPU and GPU worker nodes (a worker needs the project too: Ray runs its agents there).
+FROM python:3.11-slim
+
+# libgomp1: the OpenMP runtime that XGBoost's wheel links against
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /opt/tensortune
+COPY . .
+RUN pip install --no-cache-dir .
+
+# Ray refuses unauthenticated clients; the token itself comes from the environment (RAY_AUTH_TOKEN)
+ENV RAY_AUTH_MODE=token
+EXPOSE 8000 6379
+CMD ["tensortune", "--help"]
