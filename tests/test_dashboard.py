@@ -51,6 +51,8 @@ def test_the_dashboard_charts_a_running_job_live_and_shows_its_result(browser, s
             "trials": TRIALS, "tuner": "random"}
     job_id = httpx.post(f"{server}/api/jobs", json=body).raise_for_status().json()["id"]
     page = browser.new_page(viewport={"width": 1200, "height": 1400})
+    requested = []
+    page.on("request", lambda request: requested.append(request.url))
     page.goto(server)
     page.wait_for_function("Number(document.querySelector('#chart').dataset.points) > 0", timeout=60_000)
     first = points(page)
@@ -68,6 +70,7 @@ def test_the_dashboard_charts_a_running_job_live_and_shows_its_result(browser, s
     assert re.search(r"ok: \d+", page.text_content("#outcomes"))
     assert page.locator("#chart canvas").count() == 1
     assert f"{TRIALS}/{TRIALS}" in page.text_content(f"#jobs tr[data-id='{job_id}']")
+    assert all(url.startswith(server) for url in requested)  # works offline: no CDN, nothing external
     runner = page.locator("#workers tbody tr").first.text_content()
     assert "idle" in runner and runner.endswith(str(TRIALS))
 
