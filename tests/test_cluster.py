@@ -5,6 +5,7 @@ compose file's `ray-head`, which only drives), so every candidate has to travel 
 
 The Ray token is passed through the environment, as docker-compose.yml does, so the test also checks
 that nodes and the service agree on it without ~/.ray/auth_token."""
+import contextlib
 import json
 import os
 import secrets
@@ -60,6 +61,19 @@ def finished(base: str, job_id: int) -> str | None:
     return status if status in ("done", "failed", "cancelled") else None
 
 
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the leader (`ray start --block` stops its node's processes with it), then SIGKILL to
+    whatever of its process group lingers, busy machine or not."""
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def healthy(base: str) -> bool:
     try:
         return httpx.get(f"{base}/healthz").status_code == 200
@@ -100,8 +114,7 @@ def test_a_job_over_http_is_measured_on_the_worker_node_and_stored_in_postgresql
             assert {r.result.worker.split("/")[0] for r in records} == {f"ray-{node[:8]}"}
         finally:
             for process in reversed(started):
-                os.killpg(process.pid, signal.SIGTERM)
-                process.wait(30)
+                stop(process)
             current = "/tmp/ray/ray_current_cluster"  # our head wrote NODE_IP:PORT; a later ray.init() would follow it
             if os.path.exists(current) and open(current).read().strip().endswith(f":{ray_port}"):
                 os.remove(current)

@@ -4,6 +4,7 @@ Every command is parsed by the real command-line parsers it would meet in the co
 `tensortune` Typer app, Ray's `ray` click group), so a renamed option or subcommand fails here; the
 wiring between services (database URL, Ray address, tokens, ports, GPU) is compared value for value
 after the same `${VAR:-default}` interpolation compose does."""
+import os
 import re
 import shlex
 import tomllib
@@ -12,10 +13,12 @@ from pathlib import Path
 import pytest
 import typer.main
 import yaml
-from ray.scripts.scripts import cli as ray_cli
 from sqlalchemy.engine import make_url
 
 from service.cli import app
+
+os.environ.setdefault("RAY_AUTH_MODE", "token")  # fixed when ray is imported: test_measure_pools' Ray cluster needs it
+from ray.scripts.scripts import cli as ray_cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"TENSORTUNE_TOKEN": "api-secret", "RAY_AUTH_TOKEN": "ray-secret"}  # what `docker compose up` is given
