@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from typing import Sequence
 
+from threadpoolctl import threadpool_limits
+
 from .pool import PoolOptions
 from .result import MeasureResult, Outcome
 from .task import Built, MeasureOptions, Task, build_step, failed, run_step
@@ -25,6 +27,10 @@ FAULT_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, si
 
 def serve(conn: Connection) -> None:
     """A worker process: build on ("build", task), check and time on ("run", options), stop on None."""
+    # One BLAS thread for good: the NumPy reference needs no more, and a BLAS pool (re)started
+    # after a call keeps spinning and steals a core from the next kernel timed (first timings
+    # of each worker were 1.75x slower on two cores).
+    threadpool_limits(1, user_api="blas")
     conn.send("ready")
     built: Built | MeasureResult | None = None
     while True:

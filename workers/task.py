@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from search_space import InvalidConfig, NoTemplate, Target, Workload, WorkloadError
 
@@ -101,12 +100,9 @@ def build_step(task: Task) -> Built | MeasureResult:
 
 @lru_cache(maxsize=8)
 def _reference(workload: Workload) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
-    """Inputs and NumPy's result, on one BLAS thread: a multi-threaded BLAS keeps its threads
-    spinning after the call, and they would steal the cores from the kernel timed next
-    (measured: the first timing of each worker 90x slower on two cores)."""
+    """Inputs and NumPy's result (worker processes run BLAS on one thread: see pool_local.serve)."""
     inputs = workload.random_inputs()
-    with threadpool_limits(1):
-        return inputs, workload.reference(*inputs)
+    return inputs, workload.reference(*inputs)
 
 
 def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
