@@ -3,7 +3,6 @@
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 import httpx

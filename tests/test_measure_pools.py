@@ -186,3 +186,12 @@ def test_the_watchdog_restarts_a_stuck_agent(ray_pool):
     with contextlib.suppress(ProcessLookupError):  # the watchdog's kill has usually removed it
         os.kill(stuck, signal.SIGCONT)
     assert result.outcome is Outcome.OK and "retried" in result.error
+
+
+def test_cache_flush_option_times_cold_calls():
+    from workers.timing import cache_flusher, time_samples
+
+    flush = cache_flusher(1 << 20)
+    flush()
+    samples = time_samples(lambda: None, repeat=3, min_repeat_ms=0.1, flush=flush)
+    assert len(samples) == 3 and all(s >= 0 for s in samples)

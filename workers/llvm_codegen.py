@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from search_space.program import Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, Store, Value
+from search_space.program import Affine, Buffer, Call, Const, If, Load, Loop, Program, Stage, Store, Value
 
 F32, I32, I64, PTR = ir.FloatType(), ir.IntType(32), ir.IntType(64), ir.PointerType()
 VOID = ir.VoidType()

@@ -31,7 +31,7 @@ def cache_flusher(nbytes: int) -> Callable[[], None]:
     buffer = np.zeros(nbytes // 8, np.float64)
 
     def flush() -> None:
-        buffer += 1.0
+        buffer[...] += 1.0  # in place: the closure writes the array, not the name
     return flush
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..program import Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, Store, tiled, var
+from ..program import Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, tiled, var
 from ..space import Config, ConfigSpace, Knob
 from ..target import Target
 from ..workload import Workload
