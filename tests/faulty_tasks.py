@@ -88,10 +88,16 @@ def runaway_allocation() -> Program:
     return matmul_nest(lambda m, n: Const(0.0), (scratch,))
 
 
+def big_allocation() -> Program:
+    """A 4 GiB scratch buffer, never touched: a host gives it, a worker's memory limit may not."""
+    scratch = Buffer("P", (1 << 15, 1 << 15), "packed")
+    return matmul_nest(lambda m, n: Const(0.0), (scratch,))
+
+
 PROGRAMS = {
     "correct": correct, "wrong_answer": lambda: matmul_nest(lambda m, n: Const(1.0)),
     "out_of_bounds": out_of_bounds, "endless": endless, "huge_unroll": huge_unroll,
-    "runaway_allocation": runaway_allocation,
+    "runaway_allocation": runaway_allocation, "big_allocation": big_allocation,
 }
 
 

@@ -6,6 +6,7 @@ each, the same pool measures a correct candidate.
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -64,6 +65,7 @@ def ray_cluster():
     """A head and a second node advertising a fake GPU, started with `ray start --block` so that
     stopping these two processes stops exactly their nodes (`ray stop` would stop every node here)."""
     os.environ.setdefault("RAY_AUTH_MODE", "token")  # nodes and driver must agree; read when ray is imported
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))  # a fresh machine has no ~/.ray/auth_token
     ray = pytest.importorskip("ray")
     address = f"127.0.0.1:{free_port()}"
     env = os.environ | {"PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}

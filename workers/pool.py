@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from .host_lock import DEFAULT_PATH
 from .result import MeasureResult
 from .task import MeasureOptions, Task
 
@@ -16,13 +17,17 @@ from .task import MeasureOptions, Task
 class PoolOptions:
     """How a host's cores are shared. With `exclusive_timing`, a batch's builds run in parallel on
     `workers` processes, then the built candidates are checked and timed one at a time while no
-    build runs; without it every worker times as soon as it has built (faster, noisier numbers)."""
+    build runs, on this host, of this pool or any other that uses the same `host_lock` file;
+    without it every worker times as soon as it has built (faster, noisier numbers)."""
 
     workers: int = 0  # worker processes per host; 0: one per core this process may use
     exclusive_timing: bool = True
     build_timeout: float = 20.0  # seconds per candidate, from dispatch to built
     run_timeout: float = 20.0  # seconds per candidate for the check and the timing
     start_timeout: float = 60.0  # seconds for a new worker process to import and report ready
+    host_lock: str = DEFAULT_PATH  # the file every pool on this host locks (see host_lock.py)
+    host_lock_wait: float = 60.0  # seconds a step waits for other pools; then it runs and its record says so
+    memory_limit: int | None = None  # bytes of address space per worker; None: the host's RAM / workers; 0: none
 
 
 @dataclass(frozen=True)

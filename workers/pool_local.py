@@ -4,33 +4,47 @@ A candidate that hangs is killed at its timeout (`build_timeout`, `run_timeout`)
 crashes its process with a fault signal is a `runtime_error` (a `compile_error` while
 building); a process that vanishes otherwise (SIGKILL, the OOM killer) has its candidate
 retried once on another process, then recorded `worker_lost`. Each dead process is replaced.
+Workers run under an address-space limit, so a runaway allocation is a `MemoryError`
+(`runtime_error`) in its own process, never the OOM killer's pick among the host's processes.
 """
 from __future__ import annotations
 
 import multiprocessing
 import os
+import resource
 import signal
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from threadpoolctl import threadpool_limits
 
+from .host_lock import HostLock
 from .pool import PoolOptions
 from .result import MeasureResult, Outcome
 from .task import Built, MeasureOptions, Task, build_step, failed, run_step
 
 FAULT_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
+STARTED = "started"
 
 
-def serve(conn: Connection) -> None:
-    """A worker process: build on ("build", task), check and time on ("run", options), stop on None."""
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: int) -> None:
+    """A worker process: build on ("build", task), check and time on ("run", options), stop on None.
+    Each step first sends STARTED, once it holds the host lock (see `step`)."""
     # One BLAS thread for good: the NumPy reference needs no more, and a BLAS pool (re)started
     # after a call keeps spinning and steals a core from the next kernel timed (first timings
     # of each worker were 1.75x slower on two cores).
     threadpool_limits(1, user_api="blas")
+    if memory_limit:  # a runaway allocation fails here (MemoryError) instead of waking the OOM killer
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    lock = HostLock(*host_lock) if host_lock else None
     conn.send("ready")
     built: Built | MeasureResult | None = None
     while True:
@@ -41,18 +55,44 @@ def serve(conn: Connection) -> None:
         if message is None:
             return
         kind, payload = message
+        with step(conn, lock, exclusive=kind == "run") as (waited, locked):
+            reply = build_step(payload) if kind == "build" else run_step(built, payload)
+        reply = with_wait(reply, waited, locked or kind == "build")
         if kind == "build":
-            built = build_step(payload)
-            conn.send(built if isinstance(built, MeasureResult) else None)
+            built = reply
+            conn.send(reply if isinstance(reply, MeasureResult) else None)
         else:
-            conn.send(run_step(built, payload))
+            conn.send(reply)
             built = None
 
 
+@contextmanager
+def step(conn: Connection, lock: HostLock | None, exclusive: bool) -> Iterator[tuple[float, bool]]:
+    """Report STARTED once the host lock is held, so that waiting for other pools does not count
+    against the step's timeout."""
+    if lock is None:
+        conn.send(STARTED)
+        yield 0.0, True
+        return
+    with lock.held(exclusive) as (waited, locked):
+        conn.send(STARTED)
+        yield waited, locked
+
+
+def with_wait(reply: Built | MeasureResult, waited: float, locked: bool) -> Built | MeasureResult:
+    """The reply with the time spent waiting for the host lock as its "wait" phase."""
+    phases = reply.phases | {"wait": reply.phases.get("wait", 0.0) + waited}
+    if isinstance(reply, Built):
+        reply.phases = phases
+        return reply
+    error = reply.error if locked or not reply.ok else f"timed without the host lock after waiting {waited:.0f} s"
+    return replace(reply, phases=phases, error=error)
+
+
 class Worker:
-    def __init__(self, context):
+    def __init__(self, context, *settings):
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=serve, args=(child,), daemon=True, name="tensortune-worker")
+        self.process = context.Process(target=serve, args=(child, *settings), daemon=True, name="tensortune-worker")
         self.process.start()
         child.close()
         self.ready = False
@@ -106,7 +146,10 @@ class LocalPool:
         self.options = options
         self._context = multiprocessing.get_context("spawn")
         count = options.workers or len(os.sched_getaffinity(0))
-        self._workers = [Worker(self._context) for _ in range(count)]
+        lock = (options.host_lock, options.host_lock_wait) if options.exclusive_timing and options.host_lock else None
+        memory = options.memory_limit if options.memory_limit is not None else physical_memory() // count
+        self._settings = (lock, memory)
+        self._workers = [Worker(self._context, *self._settings) for _ in range(count)]
 
     @property
     def pids(self) -> list[int]:
@@ -145,19 +188,27 @@ class LocalPool:
             batch.results[index] = replace(result, error="retried once after its worker was lost") if attempt else result
 
     def _collect(self, batch: Batch, slots: dict, pending: dict, step: str) -> dict:
-        """Replies in arrival order: {slot: wall seconds} of built candidates, {slot: (result, wall)} of runs."""
+        """Replies in arrival order: {slot: wall seconds} of built candidates, {slot: (result, wall)} of runs.
+        A step's timeout runs from its STARTED; before that it may wait `host_lock_wait` for other pools."""
         timeout = self.options.build_timeout if step == "build" else self.options.run_timeout
-        done = {}
+        started, done = {}, {}
+        deadline = lambda slot: started[slot] + timeout if slot in started else \
+            pending[slot] + self.options.host_lock_wait + timeout
         connections = {self._workers[slot].conn: slot for slot in pending}
         while connections:
-            deadline = min(pending[slot] for slot in connections.values()) + timeout
-            for conn in wait(list(connections), max(0.0, deadline - time.perf_counter())):
-                slot = connections.pop(conn)
+            soonest = min(deadline(slot) for slot in connections.values())
+            for conn in wait(list(connections), max(0.0, soonest - time.perf_counter())):
+                slot = connections[conn]
                 try:
                     reply = conn.recv()
                 except (EOFError, OSError):
+                    del connections[conn]
                     self._lost(batch, slots, slot, step)
                     continue
+                if reply == STARTED:
+                    started[slot] = time.perf_counter()
+                    continue
+                del connections[conn]
                 wall = time.perf_counter() - pending[slot]
                 if step == "run":
                     done[slot] = (reply, wall)
@@ -166,7 +217,7 @@ class LocalPool:
                 else:
                     batch.results[slots[slot][0]] = reply
             for conn, slot in list(connections.items()):
-                if pending[slot] + timeout <= time.perf_counter():
+                if deadline(slot) <= time.perf_counter():
                     del connections[conn]
                     self._timeout(batch, slots, slot, step, timeout)
         return done
@@ -192,7 +243,7 @@ class LocalPool:
 
     def _replace(self, slot: int) -> None:
         self._workers[slot].stop()
-        self._workers[slot] = Worker(self._context)
+        self._workers[slot] = Worker(self._context, *self._settings)
         self._workers[slot].await_ready(self.options.start_timeout)
 
     def close(self) -> None:

@@ -133,7 +133,8 @@ class RayPool:
 
     def _submit(self, calls: dict, agent: Agent, indices: list[int], attempt: int, tasks, options) -> None:
         per_task = self.options.build_timeout + self.options.run_timeout
-        due = time.monotonic() + len(indices) * per_task + self.options.watchdog_slack
+        waits = self.options.host_lock_wait if self.options.exclusive_timing else 0.0  # other pools on its host
+        due = time.monotonic() + len(indices) * per_task + waits + self.options.watchdog_slack
         calls[agent.handle.measure.remote([tasks[i] for i in indices], options)] = (agent, indices, attempt, due)
 
     def _retry(self, calls, agent, indices, attempt, tasks, options, results, error) -> None:
