@@ -2,6 +2,8 @@
 kernels written in tensortune's own loop-nest IR and compiled by its own code generator."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from search_space import Target
@@ -27,14 +29,20 @@ def peak_program(threads: int, width: int) -> Program:
     return Program("peak_fma", (x, out, acc), (Stage("peak", (Loop("t", threads, "parallel", body),)),))
 
 
-def peak_gflops(target: Target) -> float:
-    """GFLOPS of CHAINS independent FMA chains per thread at the target's widest vector width."""
+def peak_call(target: Target) -> tuple[Callable[[], None], int]:
+    """A zero-argument call running CHAINS independent FMA chains per thread at the target's widest
+    vector width, and the flops of one call. It touches no memory: only the cores' own speed shows."""
     width = target.vector_bits // 32
-    (function,), _compiled = compile_program(peak_program(target.threads, width), target)
+    (function,), compiled = compile_program(peak_program(target.threads, width), target)
     x = np.full(width, 1e-3, np.float32)
     out = np.empty((target.threads, CHAINS, width), np.float32)
-    seconds = min(time_samples(lambda: function(x.ctypes.data, out.ctypes.data), repeat=5, min_repeat_ms=50))
-    return 2 * width * CHAINS * ITERATIONS * target.threads / seconds / 1e9
+    call = lambda: (compiled, function(x.ctypes.data, out.ctypes.data))  # keeps the machine code alive
+    return call, 2 * width * CHAINS * ITERATIONS * target.threads
+
+
+def peak_gflops(target: Target) -> float:
+    call, flops = peak_call(target)
+    return flops / min(time_samples(call, repeat=5, min_repeat_ms=50)) / 1e9
 
 
 def launch_microseconds(target: Target) -> float:

@@ -1,4 +1,4 @@
-"""The kernel benchmark's output format (its figures are read in bench/, never asserted here)."""
+"""The benchmarks' output formats (their figures are read in bench/, never asserted here)."""
 import json
 
 import pytest
@@ -24,3 +24,18 @@ def test_bench_kernels_json_lines():
         best_reference = max(row["numpy_gflops"], row["torch_gflops"] or 0)
         assert row["ratio"] == pytest.approx(row["gflops"] / best_reference, rel=0.05, abs=0.002)  # both rounded
         assert set(row["config"]["knobs"]) >= {"tile_m", "tile_n", "vec", "parallel", "pack_b"}
+
+
+def test_bench_workers_spread_alternates_pool_process_and_fma():
+    from bench.workers import spread
+    from workers import PoolOptions, make_pool
+
+    pool = make_pool("local", PoolOptions(workers=1))
+    try:
+        row = spread(pool, rounds=2, settle_seconds=0.0)
+    finally:
+        pool.close()
+    for side in ("pool", "in_process", "fma"):
+        assert len(row["median_us"][side]) == 2 and min(row["median_us"][side]) > 0
+        assert row[side]["spread"] >= 0 and row[side]["median_over_fastest"] >= 0
+    assert min(row["fma_gflops"]) > 1
