@@ -30,21 +30,34 @@ def real_tasks(n: int, seed: int = 0) -> list[Task]:
     return [Task.of(MeasureInput(WORKLOAD, TARGET, c)) for c in get_space(WORKLOAD, TARGET).sample(n, rng=seed)]
 
 
-def test_repeated_measurements_agree():
-    """The same config measured 6 times, first in the module so that no Ray cluster runs beside it.
-    On an idle machine the spreads printed are 1-2%; other jobs share these 2 cores, so the assertion
-    only bounds the fastest sample of each measurement (interference only slows samples down)."""
-    workload = matmul(192, 192, 192)
-    task = Task.of(MeasureInput(workload, TARGET, get_space(workload, TARGET).get(0)))
-    pool = make_pool("local", PoolOptions(workers=1))
+def test_the_pool_times_as_fast_as_this_process():
+    """The same config measured through the pool and in this process, alternately, 4 times each; first
+    in the module so that no Ray cluster runs beside it. This host's neighbours slow any measurement
+    by up to 2x at times (`tensortune bench workers` shows it for both sides alike), so the assertion
+    compares the fastest samples: interference only slows samples down, while a pool that got in its
+    own way (a spinning thread pool, a timing beside a build) would be slower every time."""
+    from threadpoolctl import threadpool_limits
+
+    from workers.task import build_step, run_step
+    workload, host = matmul(192, 192, 192), Target.parse("llvm")  # all cores: the kernel's threads must not meet others
+    task = Task.of(MeasureInput(workload, host, get_space(workload, host).sample(1, rng=2)[0]))
+    options = MeasureOptions(repeat=5, min_repeat_ms=20)
+    pool = make_pool("local", PoolOptions(workers=2))
+    pooled, local = [], []
     try:
-        results = pool.measure([task] * 6, MeasureOptions(repeat=5, min_repeat_ms=20))
+        with threadpool_limits(1, user_api="blas"):
+            built = build_step(task)
+            for _ in range(4):
+                pooled += pool.measure([task, task], options)
+                local.append(run_step(built, options))
     finally:
         pool.close()
-    spread = {name: max(values) / min(values) - 1 for name, values in
-              (("median", [r.median for r in results]), ("fastest", [min(r.samples) for r in results]))}
-    print("spread of 6 measurements: " + ", ".join(f"{name} {value:.1%}" for name, value in spread.items()))
-    assert spread["fastest"] < 1.0
+    fastest = {name: min(min(r.samples) for r in results) for name, results in (("pool", pooled), ("local", local))}
+    spread = max(r.median for r in pooled) / min(r.median for r in pooled) - 1
+    print(f"fastest sample: pool {fastest['pool'] * 1e6:.0f} µs, this process {fastest['local'] * 1e6:.0f} µs; "
+          f"spread of the pool's 8 medians {spread:.1%}")
+    assert all(r.outcome is Outcome.OK for r in pooled + local)
+    assert fastest["pool"] < 1.15 * fastest["local"]
 
 
 @pytest.fixture(scope="module")
