@@ -5,44 +5,19 @@ compose file's `ray-head`, which only drives), so every candidate has to travel 
 
 The Ray token is passed through the environment, as docker-compose.yml does, so the test also checks
 that nodes and the service agree on it without ~/.ray/auth_token."""
-import contextlib
 import json
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 
 from db import Database
 from db_helpers import pg_schema
+from ray_helpers import forget_cluster, free_port, start_head, start_node, stop, wait_for
 
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 TRIALS = 8
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(check, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def worker_node_id(address: str, env: dict) -> str | None:
@@ -61,19 +36,6 @@ def finished(base: str, job_id: int) -> str | None:
     return status if status in ("done", "failed", "cancelled") else None
 
 
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the leader (`ray start --block` stops its node's processes with it), then SIGKILL to
-    whatever of its process group lingers, busy machine or not."""
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
 def healthy(base: str) -> bool:
     try:
         return httpx.get(f"{base}/healthz").status_code == 200
@@ -88,17 +50,13 @@ def test_a_job_over_http_is_measured_on_the_worker_node_and_stored_in_postgresql
         env = os.environ | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
                             "TENSORTUNE_TOKEN": "cluster-secret"}
         env.pop("RAY_ADDRESS", None)
-        quiet = dict(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        # `--block` keeps each node in one process group of ours: stopping it stops exactly that node
-        started = [subprocess.Popen([RAY, "start", "--head", "--block", f"--port={ray_port}", "--num-cpus=0",
-                                     "--include-dashboard=false", "--disable-usage-stats"], **quiet)]
+        started = [start_head(env, ray_port, "--num-cpus=0")]
         try:
-            wait_for(lambda: listening(ray_port), 60, "the Ray head")
-            started.append(subprocess.Popen([RAY, "start", "--block", f"--address={address}", "--num-cpus=1",
-                                             '--resources={"worker_cpu": 1}', "--disable-usage-stats"], **quiet))
+            started.append(start_node(env, f"--address={address}", "--num-cpus=1", '--resources={"worker_cpu": 1}'))
             node = wait_for(lambda: worker_node_id(address, env), 60, "the worker node")
-            started.append(subprocess.Popen([sys.executable, "-m", "service", "serve", "--db", url,
-                                             "--port", str(http_port), "--workers", address], **quiet))
+            started.append(subprocess.Popen([sys.executable, "-m", "service", "serve", "--db", url, "--port",
+                                             str(http_port), "--workers", address], env=env, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, start_new_session=True))
             wait_for(lambda: healthy(base), 60, "tensortune serve")
             job = httpx.post(f"{base}/api/jobs", headers={"Authorization": "Bearer cluster-secret"}, json={
                 "workload": {"op": "matmul", "params": {"M": 48, "N": 48, "K": 48}},
@@ -115,6 +73,4 @@ def test_a_job_over_http_is_measured_on_the_worker_node_and_stored_in_postgresql
         finally:
             for process in reversed(started):
                 stop(process)
-            current = "/tmp/ray/ray_current_cluster"  # our head wrote NODE_IP:PORT; a later ray.init() would follow it
-            if os.path.exists(current) and open(current).read().strip().endswith(f":{ray_port}"):
-                os.remove(current)
+            forget_cluster(ray_port)

@@ -8,15 +8,13 @@ import json
 import os
 import secrets
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
 from faulty_tasks import faulty
+from ray_helpers import forget_cluster, free_port, start_head, start_node, stop, wait_for
 from search_space import Target, get_space, matmul
 from workers import MeasureInput, MeasureOptions, Outcome, PoolOptions, RayPoolOptions, Task, make_pool, measure
 
@@ -24,6 +22,11 @@ FAST = MeasureOptions(repeat=3, min_repeat_ms=2)
 LIMITS = dict(build_timeout=3.0, run_timeout=3.0)
 TARGET = Target.parse("llvm -threads=1")
 WORKLOAD = matmul(64, 64, 64)
+
+
+def node_env() -> dict:
+    """Ray's workers import tests/faulty_tasks.py when they unpickle a faulty task."""
+    return os.environ | {"PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 def real_tasks(n: int, seed: int = 0) -> list[Task]:
@@ -67,12 +70,6 @@ def local_pool():
     pool.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A head and a second node advertising a fake GPU, started with `ray start --block` so that
@@ -80,33 +77,19 @@ def ray_cluster():
     os.environ.setdefault("RAY_AUTH_MODE", "token")  # nodes and driver must agree; read when ray is imported
     os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))  # a fresh machine has no ~/.ray/auth_token
     ray = pytest.importorskip("ray")
-    address = f"127.0.0.1:{free_port()}"
-    env = os.environ | {"PYTHONPATH": os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    nodes = [subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={address.split(':')[1]}", "--num-cpus=1",
-                               "--include-dashboard=false"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    nodes = [start_head(node_env(), port, "--num-cpus=1")]
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # until the head's GCS listens
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", int(address.split(":")[1]))) == 0:
-                    break
-            time.sleep(0.2)
-        nodes.append(subprocess.Popen([ray_bin, "start", "--block", f"--address={address}", "--num-cpus=1",
-                                       '--resources={"gpu_host": 1}'], env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
+        nodes.append(start_node(node_env(), f"--address={address}", "--num-cpus=1", '--resources={"gpu_host": 1}'))
         ray.init(address=address, logging_level="warning")
-        while len([n for n in ray.nodes() if n["Alive"]]) < 2:
-            time.sleep(0.2)
+        wait_for(lambda: len([n for n in ray.nodes() if n["Alive"]]) == 2, 60, "two Ray nodes")
         yield address
         ray.shutdown()
     finally:
         for node in reversed(nodes):
-            node.terminate()
-            node.wait(30)
-    current = "/tmp/ray/ray_current_cluster"  # written by our `ray start`; a later ray.init() would follow it
-    if os.path.exists(current) and open(current).read().strip() == address:
-        os.remove(current)
+            stop(node)
+        forget_cluster(port)
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +193,22 @@ def test_cache_flush_option_times_cold_calls():
     flush()
     samples = time_samples(lambda: None, repeat=3, min_repeat_ms=0.1, flush=flush)
     assert len(samples) == 3 and all(s >= 0 for s in samples)
+
+
+def test_a_host_that_joins_or_leaves_is_followed(ray_pool, ray_cluster):
+    """A third node started with plain `ray start --address` gets an agent at the next batch and
+    measures its share; once it is stopped, batches go to the others again."""
+    import ray
+    node = start_node(node_env(), f"--address={ray_cluster}", "--num-cpus=1")
+    try:
+        wait_for(lambda: len([n for n in ray.nodes() if n["Alive"]]) == 3, 60, "the third node")
+        results = ray_pool.measure(real_tasks(3, seed=11), FAST)
+        assert all(r.outcome is Outcome.OK for r in results)
+        assert len([a for a in ray_pool.agents if a.kind == "llvm"]) == 3
+        assert len({r.worker.split("/")[0] for r in results}) == 3  # one candidate on each CPU host
+    finally:
+        stop(node)
+    wait_for(lambda: len([n for n in ray.nodes() if n["Alive"]]) == 2, 60, "the third node to leave")
+    results = ray_pool.measure(real_tasks(2, seed=12), FAST)
+    assert all(r.outcome is Outcome.OK for r in results)
+    assert len([a for a in ray_pool.agents if a.kind == "llvm"]) == 2

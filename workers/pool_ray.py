@@ -66,15 +66,25 @@ class RayPool:
             # "local": a new one-node cluster, never a stale one found through /tmp/ray/ray_current_cluster
             ray.init(address=options.address or os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False,
                      logging_level="warning")
-        self.agents = self._start_agents()
+        self.agents: list[Agent] = []
+        self._follow_cluster()
 
-    def _start_agents(self) -> list[Agent]:
+    def _follow_cluster(self) -> None:
+        """Agents for the nodes that joined since the last batch, none for those that left: a host
+        joins a running service with `ray start --address=...` alone."""
+        import ray
+        alive = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+        self.agents = [a for a in self.agents if a.node in alive]
+        known = {a.node for a in self.agents}
+        self.agents += self._start_agents([n for node, n in alive.items() if node not in known])
+
+    def _start_agents(self, nodes: list[dict]) -> list[Agent]:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         remote = ray.remote(HostAgent)
         started = []
-        for node in (n for n in ray.nodes() if n["Alive"]):
+        for node in nodes:
             resources, pin = node["Resources"], NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
             placement = dict(scheduling_strategy=pin, max_restarts=self.options.max_restarts, max_concurrency=2)
             if resources.get("CPU", 0) >= 1:
@@ -104,6 +114,7 @@ class RayPool:
         import ray
         from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
+        self._follow_cluster()
         results: list[MeasureResult | None] = [None] * len(tasks)
         groups: dict[tuple, list[int]] = {}
         for index, task in enumerate(tasks):

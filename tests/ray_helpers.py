@@ -1,0 +1,67 @@
+"""Shared by the tests that run real Ray clusters on this machine: nodes started with `ray start --block`
+in their own process group, so that stopping one stops exactly that node (`ray stop` would stop every
+Ray node here, the developer's too)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(check, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_node(env: dict, *args: str) -> subprocess.Popen:
+    """`ray start --block ARGS` with its output discarded."""
+    return subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def start_head(env: dict, port: int, *args: str) -> subprocess.Popen:
+    head = start_node(env, "--head", f"--port={port}", "--include-dashboard=false", *args)
+    wait_for(lambda: listening(port), 60, "the Ray head")
+    return head
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the leader (`ray start --block` stops its node's processes with it), then SIGKILL to
+    whatever of its process group lingers, busy machine or not."""
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def forget_cluster(port: int) -> None:
+    """Our head wrote NODE_IP:PORT to Ray's current-cluster file; a later ray.init() would follow it."""
+    current = "/tmp/ray/ray_current_cluster"
+    if os.path.exists(current) and open(current).read().strip().endswith(f":{port}"):
+        os.remove(current)
