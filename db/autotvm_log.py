@@ -21,6 +21,7 @@ from search_space import InvalidConfig, NoTemplate, Target, TargetError, Workloa
 from search_space.workload import OPS
 from workers import MeasureInput, MeasureResult, Outcome
 
+from .queries import identity
 from .records import Record, config_from_dict, config_to_dict
 from .store import Database
 
@@ -41,6 +42,7 @@ class LogError(ValueError):
 class ImportReport:
     imported: int = 0
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (line number, why)
+    duplicates: int = 0  # measurements already stored (or repeated in the log), skipped
 
 
 def _knob_kinds(workload: Workload, target: Target) -> dict[str, str]:
@@ -151,5 +153,23 @@ def import_log(database: Database, path: str | Path, best_only: bool = False) ->
                 pairs.append(decode(line))
             except LogError as error:
                 report.rejected.append((number, str(error)))
-    report.imported = database.record_many(pick_best(pairs) if best_only else pairs)
+    report.imported = database.record_many(new_measurements(database, pick_best(pairs) if best_only else pairs, report))
     return report
+
+
+def new_measurements(database: Database, pairs: list[tuple[MeasureInput, MeasureResult]],
+                     report: ImportReport) -> list[tuple[MeasureInput, MeasureResult]]:
+    """The pairs that are not stored yet, each once: importing a log again adds nothing."""
+    known: dict[tuple[str, str], set[tuple]] = {}
+    fresh = []
+    for measure_input, result in pairs:
+        pair = (measure_input.workload.key, str(measure_input.target))
+        if pair not in known:
+            known[pair] = database.identities(measure_input.workload, measure_input.target)
+        key = identity(measure_input.config.index, result.finished_at, result.samples)
+        if key in known[pair]:
+            report.duplicates += 1
+        else:
+            known[pair].add(key)
+            fresh.append((measure_input, result))
+    return fresh

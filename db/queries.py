@@ -12,7 +12,7 @@ from search_space import Target, Workload
 from workers import Outcome
 
 from .models import MeasurementRow, TargetRow, WorkloadRow
-from .records import Record, record_from_row, target_from_row
+from .records import Record, record_from_row, seconds, target_from_row
 
 
 # Measurements of one workload on one exact target. The ids are scalar subqueries, not joins, so that
@@ -24,6 +24,8 @@ _OF_PAIR = select(MeasurementRow).where(
     MeasurementRow.target_id == select(TargetRow.id).where(TargetRow.key == bindparam("target")).scalar_subquery())
 BEST = (_OF_PAIR.where(MeasurementRow.outcome == Outcome.OK.value)
          .order_by(MeasurementRow.median_seconds, MeasurementRow.id).limit(bindparam("limit")))
+_IDENTITIES = _OF_PAIR.with_only_columns(MeasurementRow.config_index, MeasurementRow.finished_at,
+                                          MeasurementRow.samples)
 _COUNT = select(func.count()).select_from(_OF_PAIR.subquery())
 _COUNT_CONFIG = select(func.count()).select_from(
     _OF_PAIR.where(MeasurementRow.config_index == bindparam("index")).subquery())
@@ -44,6 +46,17 @@ def count_records(session: Session, workload: Workload, target: Target, config_i
     if config_index is None:
         return session.scalar(_COUNT, _pair(workload, target))
     return session.scalar(_COUNT_CONFIG, _pair(workload, target) | {"index": config_index})
+
+
+def identity(config_index: int, finished_at: float, samples) -> tuple:
+    """What makes two records one measurement: the same config, finished at the same millisecond,
+    with the same samples (a log imported twice must not count twice)."""
+    return config_index, round(finished_at, 3), tuple(samples)
+
+
+def measurement_identities(session: Session, workload: Workload, target: Target) -> set[tuple]:
+    return {identity(index, seconds(finished), samples)
+            for index, finished, samples in session.execute(_IDENTITIES, _pair(workload, target))}
 
 
 def stored_targets(session: Session, kind: str) -> list[Target]:

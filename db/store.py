@@ -22,7 +22,7 @@ from workers import MeasureInput, MeasureResult
 from .engine import make_engine, read_engine, resolve_url
 from .migrate import upgrade
 from .models import JOB_STATUSES, JobRow, MeasurementRow, TargetRow, WorkloadRow, utcnow
-from .queries import best_records, count_records
+from .queries import best_records, count_records, measurement_identities
 from .records import Record, measurement_values, record_from_row, target_from_row, target_values, workload_values
 
 FINISHED = ("done", "failed", "cancelled")
@@ -129,6 +129,11 @@ class Database:
         """The fastest ok measurements of the workload on exactly this target, best first."""
         with self.read_sessions() as session:
             return best_records(session, workload, Target.parse(target), limit)
+
+    def identities(self, workload: Workload, target: Target | str) -> set[tuple]:
+        """`queries.identity` of every stored measurement of the workload on the target."""
+        with self.read_sessions() as session:
+            return measurement_identities(session, workload, Target.parse(target))
 
     def count(self, workload: Workload, target: Target | str, config_index: int | None = None) -> int:
         with self.read_sessions() as session:

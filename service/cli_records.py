@@ -89,6 +89,7 @@ def import_(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="
     for line, why in report.rejected:
         console.print(f"{file}:{line}: rejected: {why}", markup=False, highlight=False)
     console.print(f"imported {report.imported} record(s) from {file}"
+                  + (f"; skipped {report.duplicates} already stored" if report.duplicates else "")
                   + (f"; rejected {len(report.rejected)} malformed line(s)" if report.rejected else ""))
     if report.rejected:
         raise typer.Exit(1)

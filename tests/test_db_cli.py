@@ -57,6 +57,8 @@ def test_export_import_and_default_db_from_environment(database, db_url, tmp_pat
     assert imported.exit_code == 1
     assert f"{log}:2: rejected: not JSON" in imported.stderr
     assert "imported 1 record(s)" in imported.stderr
+    again = runner.invoke(app, ["import", str(log)])
+    assert "imported 0 record(s)" in again.stderr and "skipped 1 already stored" in again.stderr
     with Database() as from_env:
         assert from_env.best(WORKLOAD, host_target())[0].input.config.index == 10
 

@@ -39,6 +39,20 @@ def test_round_trip_is_lossless(database, tmp_path):
     assert (tmp_path / "again.log").read_text() == (tmp_path / "all.log").read_text()
 
 
+def test_importing_a_log_again_adds_nothing(database, tmp_path):
+    """Whether the lines are already stored or repeated within the log, each measurement lands once."""
+    fill(database)
+    export_log(database, tmp_path / "all.log")
+    report = import_log(database, tmp_path / "all.log")
+    assert (report.imported, report.duplicates) == (0, 6)
+    twice = tmp_path / "twice.log"
+    twice.write_text((tmp_path / "all.log").read_text() * 2)
+    with Database(f"sqlite:///{tmp_path / 'copy.db'}") as copy:
+        report = import_log(copy, twice)
+        assert (report.imported, report.duplicates) == (6, 6)
+        assert comparable(copy) == comparable(database)
+
+
 def test_lines_follow_autotvm_v02(database, tmp_path):
     fill(database)
     export_log(database, tmp_path / "all.log")
