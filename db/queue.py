@@ -1,81 +1,70 @@
-"""The jobs table as a queue: list, claim, cancel.
+"""The jobs table as a queue: list, claim, cancel; and the job `tensortune tune` runs itself.
 
-PostgreSQL: several service replicas may share one database. A claim reads the queue with
-`FOR UPDATE SKIP LOCKED`, so two replicas never take the same row, and the claimer holds a
-session advisory lock on the job for as long as it runs it, on a connection of its own. A job
-left `running` whose lock nobody holds lost its runner (the process died, and its connection
-with it) and is claimed again. SQLite: one runner process per database file; jobs it finds
-`running` when it starts are the ones a killed service left, and go back to the queue.
+Whoever runs a job holds its lock (db/job_locks.py) for as long as it runs it. A claim takes the
+oldest queued job, or a `running` one whose runner died, that no live process holds. On
+PostgreSQL the queue is read with `FOR UPDATE SKIP LOCKED`, so service replicas sharing the
+database never take the same row; on SQLite every writer waits its turn anyway.
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
-from sqlalchemy import Connection, func, select, text, update
+from sqlalchemy import func, select, update
 
+from search_space import Target, Workload
+
+from .job_locks import Claim, job_locks
 from .models import JobRow, MeasurementRow, utcnow
 from .store import Database, Job
 
-ADVISORY_NAMESPACE = 0x7474  # first key of the two-key advisory lock; the job id is the second
 ACTIVE = ("queued", "running")
 
 
-@dataclass
-class Claim:
-    """A job this process runs; `release` it when the run ends, however it ends."""
-
-    job_id: int
-    lock: Connection | None  # PostgreSQL: the connection holding the job's advisory lock
-
-    def release(self) -> None:
-        if self.lock is not None:
-            self.lock.close()  # ends the session, and with it the advisory lock
+class JobBusy(RuntimeError):
+    """The job of this request is being run by another live process."""
 
 
 class JobQueue:
     def __init__(self, database: Database):
         self.database = database
         self.postgres = database.engine.dialect.name == "postgresql"
-        self._claiming = threading.Lock()  # SQLite: claims of this process's runner threads, one at a time
-
-    def requeue_orphans(self) -> int:
-        """SQLite, at runner start: jobs left `running` by a killed service go back to the queue."""
-        if self.postgres:
-            return 0
-        with self.database.sessions() as session:
-            moved = session.execute(update(JobRow).where(JobRow.status == "running").values(status="queued")).rowcount
-            session.commit()
-        return moved
+        self.locks = job_locks(database.engine)
+        self._claiming = threading.Lock()  # this process's claims, one at a time
 
     def claim(self) -> Claim | None:
         """The oldest job nobody runs, now `running` and this caller's; None when there is none."""
-        with self._claiming:
-            lock = self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") \
-                if self.postgres else None
-            claimed = self._claim(lock)
-            if claimed is None and lock is not None:
-                lock.close()
-            return Claim(claimed, lock) if claimed is not None else None
-
-    def _claim(self, lock: Connection | None) -> int | None:
-        statuses = ACTIVE if self.postgres else ("queued",)
-        query = select(JobRow.id, JobRow.status).where(JobRow.status.in_(statuses)).order_by(JobRow.created_at, JobRow.id)
+        query = select(JobRow.id, JobRow.status).where(JobRow.status.in_(ACTIVE)).order_by(JobRow.created_at, JobRow.id)
         if self.postgres:
             query = query.with_for_update(skip_locked=True)
-        with self.database.sessions() as session:
+        with self._claiming, self.database.sessions() as session:
             for job_id, status in session.execute(query).all():
-                if lock is not None and not lock.scalar(text("SELECT pg_try_advisory_lock(:space, :id)"),
-                                                        {"space": ADVISORY_NAMESPACE, "id": job_id}):
+                claim = self.locks.acquire(job_id)
+                if claim is None:
                     continue  # running, and its runner is alive
                 moved = session.execute(update(JobRow).where(JobRow.id == job_id, JobRow.status == status)
                                         .values(status="running", started_at=utcnow(), error="")).rowcount
                 session.commit()
                 if moved:
-                    return job_id
-                if lock is not None:  # it moved on (cancelled) between the read and the update
-                    lock.scalar(text("SELECT pg_advisory_unlock(:space, :id)"), {"space": ADVISORY_NAMESPACE, "id": job_id})
+                    return claim
+                claim.release()  # it moved on (cancelled) between the read and the update
             return None
+
+    def own(self, workload: Workload, target: Target, tuner: str, trials: int) -> Claim:
+        """The unfinished job of exactly this request, or a new one, held by this caller (`tensortune
+        tune` runs it in-process); JobBusy if another live process runs it."""
+        job = self.database.unfinished_job(workload, target, tuner, trials)
+        if job is None:
+            held: list[Claim | None] = []
+            self.database.create_job(workload, target, tuner, trials, "running",
+                                     before_commit=lambda job_id: held.append(self.locks.acquire(job_id)))
+            if held[0] is not None:
+                return held[0]
+            raise JobBusy("a new job's lock was taken before it was committed; is its lock file shared?")
+        claim = self.locks.acquire(job.id)
+        if claim is None:
+            raise JobBusy(f"job {job.id} ({workload.key} on {target}, {tuner}, {trials} trials) is being run by "
+                          "another process (a tensortune service?); wait for it, or cancel it and run again")
+        return claim
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a queued or running job (its runner stops after the batch in flight); raises KeyError

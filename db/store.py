@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -177,13 +177,19 @@ class Database:
         with self.sessions() as session:
             return [(Workload.from_key(key), target_from_row(row)) for key, row in session.execute(query)]
 
-    def create_job(self, workload: Workload, target: Target | str, tuner: str, trials: int) -> int:
-        """A queued tuning job; returns its id."""
+    def create_job(self, workload: Workload, target: Target | str, tuner: str, trials: int, status: str = "queued",
+                   before_commit: Callable[[int], object] | None = None) -> int:
+        """A new tuning job; returns its id. `before_commit(id)` runs while nobody else can see the job yet
+        (db/queue.py takes the job's lock there)."""
         row = {"workload_id": self._id(WorkloadRow, workload_values(workload)),
                "target_id": self._id(TargetRow, target_values(Target.parse(target))),
-               "tuner": tuner, "trials": trials}  # queued now, by the model's defaults
+               "tuner": tuner, "trials": trials, "status": status}
+        if status == "running":
+            row["started_at"] = utcnow()
         with self.sessions() as session:
             new_id = session.scalar(insert(JobRow).values(**row).returning(JobRow.id))
+            if before_commit:
+                before_commit(new_id)
             session.commit()
         return new_id
 

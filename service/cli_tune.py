@@ -38,6 +38,7 @@ def tune(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
          seed: int = typer.Option(0, "--seed")):
     """Tune a workload; every measurement goes to the database; rerun the same command to resume."""
     from db import Database
+    from db.queue import JobBusy
     from tuner import TUNERS
     from tuner.tune import tune as run_tune
 
@@ -62,12 +63,18 @@ def tune(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
             outcomes = " ".join(f"{name}:{n}" for name, n in sorted(counts.items()))
             progress.update(bar, advance=1, status=f"now {result.gflops:6.1f}  best {best[0]:6.1f} GFLOPS  {outcomes}")
 
+        measurer = make_measurer(workers)
         try:
-            result = run_tune(workload, target_, trials, tuner, database, make_measurer(workers),
+            result = run_tune(workload, target_, trials, tuner, database, measurer,
                               early_stopping=early_stopping, seed=seed, on_result=on_result)
         except KeyboardInterrupt:
             console.print("interrupted: run the same command again to resume")
             raise typer.Exit(130)
+        except JobBusy as error:
+            console.print(f"[red]{error}[/red]", highlight=False)
+            raise typer.Exit(1)
+        finally:
+            measurer.close()
     if result.best is None:
         console.print(f"[red]no config of {workload.key} measured ok[/red] (outcomes: {dict(counts)})")
         raise typer.Exit(1)

@@ -59,9 +59,6 @@ class Runner:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        requeued = self.queue.requeue_orphans()
-        if requeued:
-            log.info("resuming %d job(s) a stopped service left running", requeued)
         for slot in self.slots:
             thread = threading.Thread(target=self._serve, args=(slot,), name=slot.name, daemon=True)
             thread.start()

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from db import Database
+from db.queue import JobQueue
 from search_space import ConfigSpace, Target, Workload, get_space
 from workers import MeasureInput, MeasureResult
 from workers.pool import Pool, make_pool
@@ -88,12 +89,22 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
     """Tune until `trials` configs of the job are measured (or early stopping ends it).
 
     Running the same request again resumes an unfinished job: it reloads what the job measured,
-    refits the model on it, and measures nothing twice. `job` names the job to run (the service's
-    runner claims one); `stop()` is asked between batches and ends the job `cancelled`."""
+    refits the model on it, and measures nothing twice; it raises `db.queue.JobBusy` while another live
+    process runs that job. `job` names a job the caller has claimed (the service's runner does);
+    `stop()` is asked between batches and ends the job `cancelled`."""
     options = TuneOptions(trials, tuner, batch, early_stopping, seed, transfer, measure)
     target = Target.parse(target)
     database = db if isinstance(db, Database) else Database(db)
-    job_id = job if job is not None else resumable_job(database, workload, target, options)
+    claim = None if job is not None else JobQueue(database).own(workload, target, options.tuner, options.trials)
+    try:
+        return run_job(job if claim is None else claim.job_id, workload, target, options, database, pool, on_result, stop)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def run_job(job_id: int, workload: Workload, target: Target, options: TuneOptions, database: Database, pool: Pool | str,
+            on_result: Callable[[MeasureInput, MeasureResult], None] | None, stop: Callable[[], bool]) -> TuneResult:
     database.update_job(job_id, "running")
     past = history(database, workload, target) if options.tuner == "xgb" and options.transfer else []
     search = make_tuner(workload, target, options, past)
@@ -119,12 +130,6 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
             measurer.close()
     database.update_job(job_id, "cancelled" if stopped else "done")
     return result
-
-
-def resumable_job(database: Database, workload: Workload, target: Target, options: TuneOptions) -> int:
-    """The unfinished job of exactly this request, or a new one."""
-    job = database.unfinished_job(workload, target, options.tuner, options.trials)
-    return job.id if job else database.create_job(workload, target, options.tuner, options.trials)
 
 
 def search_loop(search, pool, workload: Workload, target: Target, options: TuneOptions,

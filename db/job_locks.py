@@ -1,0 +1,86 @@
+"""Who runs a job: one lock per job, which dies with the process that holds it.
+
+A job left `running` whose lock nobody holds lost its runner (a killed service or `tensortune
+tune`) and may be taken over; one whose lock is held is someone's, whoever asks. PostgreSQL: a
+session advisory lock, on a connection of the holder's own. SQLite: a one-byte POSIX record lock
+at the job id's offset in `<database file>-jobs.lock`. POSIX locks belong to a process, not to a
+descriptor, so each process opens that file once and keeps its own set of the jobs it holds.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+ADVISORY_NAMESPACE = 0x7474  # first key of the two-key advisory lock; the job id is the second
+
+
+@dataclass
+class Claim:
+    """A job this process runs; `release` it when the run ends, however it ends."""
+
+    job_id: int
+    release: Callable[[], None]
+
+
+class PostgresJobLocks:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def acquire(self, job_id: int) -> Claim | None:
+        connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        key = {"space": ADVISORY_NAMESPACE, "id": job_id}
+        if connection.scalar(text("SELECT pg_try_advisory_lock(:space, :id)"), key):
+            def release() -> None:  # explicitly: closing a pooled connection keeps its session (and locks)
+                connection.scalar(text("SELECT pg_advisory_unlock(:space, :id)"), key)
+                connection.close()
+            return Claim(job_id, release)
+        connection.close()
+        return None
+
+
+class FileJobLocks:
+    _open: dict[str, int] = {}  # lock file → this process's one descriptor of it
+    _held: dict[str, set[int]] = {}  # lock file → the jobs this process holds
+    _guard = threading.Lock()
+
+    def __init__(self, path: str | None):
+        """`path` None (an in-memory database): only this process can see the jobs."""
+        self.path = path or ":memory:"
+        with self._guard:
+            if self.path not in self._open:
+                self._open[self.path] = os.open(path, os.O_RDWR | os.O_CREAT, 0o666) if path else -1
+                self._held[self.path] = set()
+
+    def acquire(self, job_id: int) -> Claim | None:
+        fd, held = self._open[self.path], self._held[self.path]
+        with self._guard:
+            if job_id in held:
+                return None
+            if fd >= 0:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, job_id)
+                except OSError:
+                    return None
+            held.add(job_id)
+        return Claim(job_id, lambda: self._release(job_id))
+
+    def _release(self, job_id: int) -> None:
+        fd = self._open[self.path]
+        with self._guard:
+            if job_id in self._held[self.path]:
+                if fd >= 0:
+                    fcntl.lockf(fd, fcntl.LOCK_UN, 1, job_id)
+                self._held[self.path].discard(job_id)
+
+
+def job_locks(engine: Engine) -> PostgresJobLocks | FileJobLocks:
+    if engine.dialect.name == "postgresql":
+        return PostgresJobLocks(engine)
+    database = engine.url.database
+    return FileJobLocks(f"{os.path.abspath(database)}-jobs.lock" if database and database != ":memory:" else None)
