@@ -52,6 +52,16 @@ def test_stop_ends_a_job_cancelled_after_the_batch_in_flight(tmp_path, pool):
     assert database.job(job).status == "cancelled"
 
 
+def test_a_cancel_during_the_last_batch_stands(tmp_path, pool):
+    """The budget ends the loop before stop() is asked again; the cancel is not overwritten by done."""
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    job = database.create_job(matmul(16, 16, 16), TARGET, "random", 6)
+    seen = []
+    result = tune(matmul(16, 16, 16), TARGET, 6, "random", database, pool, batch=3, measure=FAST, job=job,
+                  on_result=lambda i, r: seen.append(r), stop=lambda: len(seen) >= 4)
+    assert len(result.measured) == 6 and database.job(job).status == "cancelled"
+
+
 def test_xgb_starts_from_the_other_shapes_of_the_op(tmp_path, pool):
     database = Database(f"sqlite:///{tmp_path}/t.db")
     for shape in (matmul(32, 32, 32), matmul(48, 32, 64)):
