@@ -42,24 +42,17 @@ def test_early_stopping_ends_a_job_before_its_budget(tmp_path, pool):
     assert len(result.measured) < 200
 
 
-def test_stop_ends_a_job_cancelled_after_the_batch_in_flight(tmp_path, pool):
+@pytest.mark.parametrize("trials", [40, 6])
+def test_stop_ends_a_job_cancelled_after_the_batch_in_flight(tmp_path, pool, trials):
+    """stop() turns true during the second batch of 3. With 40 trials the loop asks it after that batch;
+    with 6 the budget ends the loop first, and the cancel must still stand, not become done."""
     database = Database(f"sqlite:///{tmp_path}/t.db")
-    job = database.create_job(matmul(16, 16, 16), TARGET, "random", 40)
+    job = database.create_job(matmul(16, 16, 16), TARGET, "random", trials)
     seen = []
-    result = tune(matmul(16, 16, 16), TARGET, 40, "random", database, pool, batch=3, measure=FAST, job=job,
+    result = tune(matmul(16, 16, 16), TARGET, trials, "random", database, pool, batch=3, measure=FAST, job=job,
                   on_result=lambda i, r: seen.append(r), stop=lambda: len(seen) >= 4)
     assert result.job_id == job and len(result.measured) == len(database.job_records(job)) == 6
     assert database.job(job).status == "cancelled"
-
-
-def test_a_cancel_during_the_last_batch_stands(tmp_path, pool):
-    """The budget ends the loop before stop() is asked again; the cancel is not overwritten by done."""
-    database = Database(f"sqlite:///{tmp_path}/t.db")
-    job = database.create_job(matmul(16, 16, 16), TARGET, "random", 6)
-    seen = []
-    result = tune(matmul(16, 16, 16), TARGET, 6, "random", database, pool, batch=3, measure=FAST, job=job,
-                  on_result=lambda i, r: seen.append(r), stop=lambda: len(seen) >= 4)
-    assert len(result.measured) == 6 and database.job(job).status == "cancelled"
 
 
 def test_xgb_starts_from_the_other_shapes_of_the_op(tmp_path, pool):
