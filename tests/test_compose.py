@@ -120,6 +120,15 @@ def test_tokens_come_from_the_environment_and_are_shared(compose):
         interpolate(yaml.safe_load((ROOT / "docker-compose.yml").read_text()), {"RAY_AUTH_TOKEN": "x"})
 
 
+def test_workers_on_one_machine_share_the_host_timing_lock(compose):
+    """`--scale worker-cpu=N` puts N Ray nodes on one machine: their pools must see one lock file."""
+    for name in ["worker-cpu", "worker-gpu"]:
+        service = compose["services"][name]
+        lock_dir = os.path.dirname(service["environment"]["TENSORTUNE_HOST_LOCK"])
+        volume, mount = service["volumes"][0].split(":")[:2]
+        assert mount == lock_dir and volume in compose["volumes"] and not volume.startswith(("/", "."))
+
+
 def test_the_gpu_worker_reserves_a_gpu_and_advertises_it(compose):
     devices = compose["services"]["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"]
     assert [(d["driver"], d["count"], d["capabilities"]) for d in devices] == [("nvidia", 1, ["gpu"])]

@@ -55,10 +55,12 @@ def test_a_pool_waits_for_another_pools_timing(tmp_path, hold, wait_limit):
     assert result.phases["dispatch"] < 0.5  # the wait is not bookkeeping
 
 
-def test_builds_share_the_lock_and_timings_do_not(tmp_path):
-    """A shared holder (another pool's build) lets a build through but holds back the timing."""
+def test_builds_share_the_lock_and_timings_do_not(tmp_path, monkeypatch):
+    """A shared holder (another pool's build) lets a build through but holds back the timing. The
+    lock file comes from TENSORTUNE_HOST_LOCK, as docker-compose.yml sets it."""
     lock = str(tmp_path / "host.lock")
-    pool = make_pool("local", PoolOptions(workers=1, host_lock=lock))
+    monkeypatch.setenv("TENSORTUNE_HOST_LOCK", lock)
+    pool = make_pool("local", PoolOptions(workers=1))
     try:
         pool.measure([TASK], FAST)
         fd = os.open(lock, os.O_RDWR)

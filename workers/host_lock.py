@@ -14,8 +14,12 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-DEFAULT_PATH = os.path.join(tempfile.gettempdir(), "tensortune-host.lock")
 POLL_SECONDS = 0.002
+
+
+def default_path() -> str:
+    """$TENSORTUNE_HOST_LOCK (containers on one machine share it through a volume), else a file in /tmp."""
+    return os.environ.get("TENSORTUNE_HOST_LOCK") or os.path.join(tempfile.gettempdir(), "tensortune-host.lock")
 
 
 class HostLock:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from .host_lock import DEFAULT_PATH
 from .result import MeasureResult
 from .task import MeasureOptions, Task
 
@@ -25,7 +24,7 @@ class PoolOptions:
     build_timeout: float = 20.0  # seconds per candidate, from dispatch to built
     run_timeout: float = 20.0  # seconds per candidate for the check and the timing
     start_timeout: float = 60.0  # seconds for a new worker process to import and report ready
-    host_lock: str = DEFAULT_PATH  # the file every pool on this host locks (see host_lock.py)
+    host_lock: str | None = None  # the file every pool on a host locks; None: host_lock.default_path() there
     host_lock_wait: float = 60.0  # seconds a step waits for other pools; then it runs and its record says so
     memory_limit: int | None = None  # bytes of address space per worker; None: the host's RAM / workers; 0: none
 

@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 
 from threadpoolctl import threadpool_limits
 
-from .host_lock import HostLock
+from .host_lock import HostLock, default_path
 from .pool import PoolOptions
 from .result import MeasureResult, Outcome
 from .task import Built, MeasureOptions, Task, build_step, failed, run_step
@@ -146,7 +146,7 @@ class LocalPool:
         self.options = options
         self._context = multiprocessing.get_context("spawn")
         count = options.workers or len(os.sched_getaffinity(0))
-        lock = (options.host_lock, options.host_lock_wait) if options.exclusive_timing and options.host_lock else None
+        lock = (options.host_lock or default_path(), options.host_lock_wait) if options.exclusive_timing else None
         memory = options.memory_limit if options.memory_limit is not None else physical_memory() // count
         self._settings = (lock, memory)
         self._workers = [Worker(self._context, *self._settings) for _ in range(count)]
