@@ -19,7 +19,7 @@ from search_space import Target, get_space, matmul
 from workers import MeasureInput, MeasureOptions, Outcome, PoolOptions, RayPoolOptions, Task, make_pool, measure
 
 FAST = MeasureOptions(repeat=3, min_repeat_ms=2)
-LIMITS = dict(build_timeout=3.0, run_timeout=3.0)
+LIMITS = dict(build_timeout=3.0, run_timeout=3.0, host_lock_wait=3.0)  # the watchdog allows for all three
 TARGET = Target.parse("llvm -threads=1")
 WORKLOAD = matmul(64, 64, 64)
 
