@@ -24,7 +24,6 @@ MAX_LOOPS = 12  # loop slots kept around the hottest statement, innermost first
 MAX_BUFFERS = 4  # buffer slots: the stored buffer, then loads in order of appearance
 LOOP_FEATURES = 3 + len(LOOP_KINDS)
 BUFFER_FEATURES = 3
-GLOBAL_FEATURES = 6
 
 
 @dataclass(frozen=True)

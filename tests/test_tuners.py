@@ -64,3 +64,9 @@ def test_anneal_finds_the_best_unseen_points_of_a_score():
     assert list(scores) == sorted(scores, reverse=True)
     assert scores[0] >= len(wanted) - 1  # one knob away from the excluded optimum
     assert len(chains) == 16
+
+
+def test_an_unknown_feature_kind_is_refused_when_the_options_are_made():
+    from tuner.cost_model import CostModelOptions
+    with pytest.raises(ValueError, match="unknown feature kind 'ast'; kinds: itervar, knob"):
+        CostModelOptions(feature="ast")

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from search_space import Config, ConfigSpace, Target, Workload, get_space, lower
-from search_space.features import itervar_features, knob_features
+from search_space.features import FEATURE_KINDS, itervar_features, knob_features
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,10 @@ class CostModelOptions:
     max_depth: int = 6
     eta: float = 0.3
     ndcg_at: int = 32
+
+    def __post_init__(self):
+        if self.feature not in FEATURE_KINDS:
+            raise ValueError(f"unknown feature kind {self.feature!r}; kinds: {', '.join(FEATURE_KINDS)}")
 
 
 def features(workload: Workload, target: Target, space: ConfigSpace, config: Config, kind: str) -> np.ndarray:
