@@ -175,6 +175,14 @@ def test_candidates_are_routed_by_target(ray_pool):
     assert len(cpu_agents) == 2 and len(ray_pool.agents) == 3
 
 
+def test_a_cpu_model_no_host_has_is_refused_by_name(ray_pool):
+    """Candidates go only to hosts of their CPU model; a batch none can measure says which hosts there are."""
+    foreign = Target.parse("llvm -mcpu=skylake-avx512 -threads=1")
+    task = Task(WORKLOAD.key, str(foreign), get_space(WORKLOAD, foreign).get(0).to_json())
+    with pytest.raises(LookupError, match=f"no Ray worker host for target .*skylake-avx512.*; hosts: .*llvm {TARGET.model}"):
+        ray_pool.measure([task], FAST)
+
+
 def test_the_watchdog_restarts_a_stuck_agent(ray_pool):
     """The first CPU agent (which gets a one-candidate batch) is frozen with SIGSTOP: the watchdog
     kills it, Ray restarts it, and the candidate is measured by the other agent."""
