@@ -45,20 +45,20 @@ class PostgresJobLocks:
 
 
 class FileJobLocks:
-    _open: dict[str, int] = {}  # lock file → this process's one descriptor of it
-    _held: dict[str, set[int]] = {}  # lock file → the jobs this process holds
+    _open: dict[str, int] = {}  # lock file (or in-memory database) → this process's one descriptor of it
+    _held: dict[str, set[int]] = {}  # the same → the jobs this process holds
     _guard = threading.Lock()
 
-    def __init__(self, path: str | None):
-        """`path` None (an in-memory database): only this process can see the jobs."""
-        self.path = path or ":memory:"
+    def __init__(self, path: str | None, key: str):
+        """`path` None (an in-memory database, `key` naming it): only this process can see the jobs."""
+        self.key = key
         with self._guard:
-            if self.path not in self._open:
-                self._open[self.path] = os.open(path, os.O_RDWR | os.O_CREAT, 0o666) if path else -1
-                self._held[self.path] = set()
+            if key not in self._open:
+                self._open[key] = os.open(path, os.O_RDWR | os.O_CREAT, 0o666) if path else -1
+                self._held[key] = set()
 
     def acquire(self, job_id: int) -> Claim | None:
-        fd, held = self._open[self.path], self._held[self.path]
+        fd, held = self._open[self.key], self._held[self.key]
         with self._guard:
             if job_id in held:
                 return None
@@ -71,16 +71,19 @@ class FileJobLocks:
         return Claim(job_id, lambda: self._release(job_id))
 
     def _release(self, job_id: int) -> None:
-        fd = self._open[self.path]
+        fd = self._open[self.key]
         with self._guard:
-            if job_id in self._held[self.path]:
+            if job_id in self._held[self.key]:
                 if fd >= 0:
                     fcntl.lockf(fd, fcntl.LOCK_UN, 1, job_id)
-                self._held[self.path].discard(job_id)
+                self._held[self.key].discard(job_id)
 
 
 def job_locks(engine: Engine) -> PostgresJobLocks | FileJobLocks:
     if engine.dialect.name == "postgresql":
         return PostgresJobLocks(engine)
     database = engine.url.database
-    return FileJobLocks(f"{os.path.abspath(database)}-jobs.lock" if database and database != ":memory:" else None)
+    if not database or database == ":memory:":
+        return FileJobLocks(None, f"memory-{id(engine)}")
+    path = f"{os.path.abspath(database)}-jobs.lock"
+    return FileJobLocks(path, path)

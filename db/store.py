@@ -207,6 +207,14 @@ class Database:
                 raise KeyError(f"no job {job_id}")
             session.commit()
 
+    def finish_job(self, job_id: int, status: str) -> None:
+        """Move a running job to `status` (done, failed, cancelled); one that left `running` meanwhile
+        (cancelled through the API during its last batch) keeps what it was given."""
+        with self.sessions() as session:
+            session.execute(update(JobRow).where(JobRow.id == job_id, JobRow.status == "running")
+                            .values(status=status, finished_at=utcnow()))
+            session.commit()
+
     def job(self, job_id: int) -> Job:
         with self.sessions() as session:
             row = session.get(JobRow, job_id)

@@ -44,13 +44,18 @@ def test_early_stopping_ends_a_job_before_its_budget(tmp_path, pool):
 
 @pytest.mark.parametrize("trials", [40, 6])
 def test_stop_ends_a_job_cancelled_after_the_batch_in_flight(tmp_path, pool, trials):
-    """stop() turns true during the second batch of 3. With 40 trials the loop asks it after that batch;
-    with 6 the budget ends the loop first, and the cancel must still stand, not become done."""
+    """The job is cancelled (as the API does) during the second batch of 3. With 40 trials the loop
+    asks stop() after that batch; with 6 the budget ends the loop first, and the cancel still stands."""
     database = Database(f"sqlite:///{tmp_path}/t.db")
     job = database.create_job(matmul(16, 16, 16), TARGET, "random", trials)
     seen = []
+
+    def measured(_, result):
+        seen.append(result)
+        if len(seen) == 4:
+            database.update_job(job, "cancelled")
     result = tune(matmul(16, 16, 16), TARGET, trials, "random", database, pool, batch=3, measure=FAST, job=job,
-                  on_result=lambda i, r: seen.append(r), stop=lambda: len(seen) >= 4)
+                  on_result=measured, stop=lambda: database.job(job).status == "cancelled")
     assert result.job_id == job and len(result.measured) == len(database.job_records(job)) == 6
     assert database.job(job).status == "cancelled"
 

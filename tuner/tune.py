@@ -128,7 +128,7 @@ def run_job(job_id: int, workload: Workload, target: Target, options: TuneOption
     finally:
         if own_pool:
             measurer.close()
-    database.update_job(job_id, "cancelled" if stopped or stop() else "done")  # a cancel during the last batch stands
+    database.finish_job(job_id, "cancelled" if stopped else "done")
     return result
 
 
