@@ -2,9 +2,10 @@
 
 A job left `running` whose lock nobody holds lost its runner (a killed service or `tensortune
 tune`) and may be taken over; one whose lock is held is someone's, whoever asks. PostgreSQL: a
-session advisory lock, on a connection of the holder's own. SQLite: a one-byte POSIX record lock
-at the job id's offset in `<database file>-jobs.lock`. POSIX locks belong to a process, not to a
-descriptor, so each process opens that file once and keeps its own set of the jobs it holds.
+session advisory lock keyed by schema and job id, on a connection of the holder's own. SQLite:
+a one-byte POSIX record lock at the job id's offset in `<database file>-jobs.lock`. POSIX locks
+belong to a process, not to a descriptor, so each process opens that file once and keeps its
+own set of the jobs it holds.
 """
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from typing import Callable
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-ADVISORY_NAMESPACE = 0x7474  # first key of the two-key advisory lock; the job id is the second
-
 
 @dataclass
 class Claim:
@@ -30,11 +29,15 @@ class Claim:
 
 class PostgresJobLocks:
     def __init__(self, engine: Engine):
+        """Advisory locks are per database; the first of their two keys is the schema's hash, so that
+        installations in other schemas of the same database, whose job ids repeat ours, are not us."""
         self.engine = engine
+        with engine.connect() as connection:
+            self.space = connection.scalar(text("SELECT hashtext(current_schema())"))
 
     def acquire(self, job_id: int) -> Claim | None:
         connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        key = {"space": ADVISORY_NAMESPACE, "id": job_id}
+        key = {"space": self.space, "id": job_id}
         if connection.scalar(text("SELECT pg_try_advisory_lock(:space, :id)"), key):
             def release() -> None:  # explicitly: closing a pooled connection keeps its session (and locks)
                 connection.scalar(text("SELECT pg_advisory_unlock(:space, :id)"), key)

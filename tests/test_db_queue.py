@@ -6,9 +6,10 @@ import sys
 import time
 
 import pytest
-from db_helpers import database, db_url  # noqa: F401 (fixtures)
+from db_helpers import database, db_url, pg_schema  # noqa: F401 (fixtures)
 from typer.testing import CliRunner
 
+from db import Database
 from db.queue import JobBusy, JobQueue
 from search_space import Target, matmul
 from service.cli import app
@@ -82,3 +83,16 @@ def test_own_creates_a_held_job_then_resumes_it(database):
     resumed = queue.own(WORKLOAD, TARGET, "random", 8)
     assert resumed.job_id == claim.job_id
     resumed.release()
+
+
+def test_installations_in_other_schemas_of_one_postgresql_database_do_not_block_each_other():
+    """Both have a job 1; advisory locks are per database, so their keys include the schema."""
+    with pg_schema() as first_url, pg_schema() as second_url, Database(first_url) as first, \
+            Database(second_url) as second:
+        jobs = [db.create_job(WORKLOAD, TARGET, "random", 8) for db in (first, second)]
+        assert jobs == [1, 1]
+        held = JobQueue(first).claim()
+        other = JobQueue(second).claim()
+        assert held.job_id == 1 and other is not None and other.job_id == 1
+        held.release()
+        other.release()
