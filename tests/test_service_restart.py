@@ -1,5 +1,5 @@
-"""`tensortune serve` killed mid-job and started again: the job completes its budget, nothing twice,
-nothing lost. Submitted, listed and cancelled with the CLI against the real server."""
+"""`tensortune serve` killed mid-job and started again, on SQLite and PostgreSQL: the job completes its
+budget, nothing twice, nothing lost. Submitted, listed and cancelled with the CLI against the real server."""
 import os
 import signal
 import subprocess
@@ -7,13 +7,14 @@ import sys
 import time
 
 from db import Database
+from db_helpers import db_url  # noqa: F401 (fixture)
 from tests.serve_helpers import SERVE, free_port, start
 
 CLI = [sys.executable, "-m", "service"]
 
 
-def test_a_killed_service_resumes_its_job_without_repeating_or_losing_a_measurement(tmp_path):
-    url, port = f"sqlite:///{tmp_path}/serve.db", free_port()
+def test_a_killed_service_resumes_its_job_without_repeating_or_losing_a_measurement(db_url):
+    url, port = db_url, free_port()
     env = {**os.environ, "TENSORTUNE_SERVER": f"http://127.0.0.1:{port}", "TENSORTUNE_TOKEN": "s3cret"}
     server = start(url, port, env)
     try:
