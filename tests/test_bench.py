@@ -39,3 +39,13 @@ def test_bench_workers_spread_alternates_pool_process_and_fma():
         assert len(row["median_us"][side]) == 2 and min(row["median_us"][side]) > 0
         assert row[side]["spread"] >= 0 and row[side]["median_over_fastest"] >= 0
     assert min(row["fma_gflops"]) > 1
+
+
+def test_bench_noise_traces_both_kernels_and_finds_slow_phases():
+    import numpy as np
+
+    from bench.noise import summary, trace
+    values = trace(0.1)
+    assert set(values) == {"gemm", "fma"} and all(len(v) >= 1 and v.min() > 0 for v in values.values())
+    line = summary(np.array([1.0, 1.0, 1.2, 1.3, 1.0, 1.5]))
+    assert "slow (>10%) 50% of the time, in 2 phase(s) of 1-2 measurements" in line
