@@ -15,10 +15,10 @@ import resource
 import signal
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from threadpoolctl import threadpool_limits
 
@@ -37,7 +37,7 @@ def physical_memory() -> int:
 
 def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: int) -> None:
     """A worker process: build on ("build", task), check and time on ("run", options), stop on None.
-    Each step first sends STARTED, once it holds the host lock (see `step`)."""
+    Each step first sends STARTED, once it holds the host lock."""
     # One BLAS thread for good: the NumPy reference needs no more, and a BLAS pool (re)started
     # after a call keeps spinning and steals a core from the next kernel timed (first timings
     # of each worker were 1.75x slower on two cores).
@@ -55,7 +55,8 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
         if message is None:
             return
         kind, payload = message
-        with step(conn, lock, exclusive=kind == "run") as (waited, locked):
+        with lock.held(exclusive=kind == "run") if lock else nullcontext((0.0, True)) as (waited, locked):
+            conn.send(STARTED)  # the step's timeout runs from here, not from the wait for other pools
             reply = build_step(payload) if kind == "build" else run_step(built, payload)
         reply = with_wait(reply, waited, locked or kind == "build")
         if kind == "build":
@@ -64,19 +65,6 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
         else:
             conn.send(reply)
             built = None
-
-
-@contextmanager
-def step(conn: Connection, lock: HostLock | None, exclusive: bool) -> Iterator[tuple[float, bool]]:
-    """Report STARTED once the host lock is held, so that waiting for other pools does not count
-    against the step's timeout."""
-    if lock is None:
-        conn.send(STARTED)
-        yield 0.0, True
-        return
-    with lock.held(exclusive) as (waited, locked):
-        conn.send(STARTED)
-        yield waited, locked
 
 
 def with_wait(reply: Built | MeasureResult, waited: float, locked: bool) -> Built | MeasureResult:
