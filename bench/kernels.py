@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from threadpoolctl import threadpool_info
 
-from search_space import Config, Target, Workload, batch_matmul, dense, fallback_config, get_space, matmul
+from search_space import Config, Target, Workload, batch_matmul, conv2d, dense, fallback_config, get_space, matmul
 from workers import build
 from workers.reference import head_to_head, inference_call, reference_calls
 from workers.timing import time_samples
@@ -26,10 +26,24 @@ from workers.timing import time_samples
 from .peak import launch_microseconds, peak_gflops
 
 MIN_REPEAT_MS = {True: 10.0, False: 30.0}  # by --quick
+# ResNet-18's distinct convolutions at batch 1: C, H = W, K, R = S, stride (padding R // 2)
+RESNET18 = [(3, 224, 64, 7, 2), (64, 56, 64, 3, 1), (64, 56, 128, 3, 2), (64, 56, 128, 1, 2), (128, 28, 128, 3, 1),
+            (128, 28, 256, 3, 2), (128, 28, 256, 1, 2), (256, 14, 256, 3, 1), (256, 14, 512, 3, 2),
+            (256, 14, 512, 1, 2), (512, 7, 512, 3, 1)]
+
+
+def resnet_conv(c: int, h: int, k: int, r: int, stride: int, **fused) -> Workload:
+    return conv2d(1, c, h, h, k, r, r, stride, r // 2, **fused)
+
+
 SHAPES = [
     matmul(1024, 1024, 1024), matmul(512, 512, 512),
     dense(128, 768, 768), dense(128, 3072, 768), dense(128, 768, 3072),
     batch_matmul(12, 128, 128, 64), batch_matmul(12, 128, 64, 128),
+    *(resnet_conv(*layer) for layer in RESNET18),
+    # a basic block's second convolution: bias (folded BatchNorm), the shortcut added, then relu; PyTorch runs
+    # the add and the relu as operators of their own
+    *(resnet_conv(*layer, bias=True, residual=True, epilogue="relu") for layer in RESNET18 if layer[4] == 1 and layer[3] == 3),
 ]
 
 

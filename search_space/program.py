@@ -15,7 +15,7 @@ from typing import Callable, Union
 
 LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
 SCOPES = ("input", "output", "packed", "register")
-OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1}  # fma(a, b, c) = a*b + c
+OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1, "erf": 1}  # fma(a, b, c) = a*b + c
 
 
 @dataclass(frozen=True)
@@ -212,6 +212,16 @@ def tiled(name: str, extent: int, tile: int, base: AffineLike,
     if tail:
         stmts += body(base + full * tile, tail)
     return stmts
+
+
+def tile_nest(levels, chunks: dict, leaf: Callable[[dict], list[Stmt]]) -> list[Stmt]:
+    """Nested `tiled` loops: each level (name, axis, tile, kind), outermost first, tiles the chunk
+    (offset, extent) of its axis that the levels above left; `leaf(chunks)` builds the innermost body."""
+    if not levels:
+        return leaf(chunks)
+    (name, axis, size, kind), rest = levels[0], levels[1:]
+    offset, extent = chunks[axis]
+    return tiled(name, extent, size, offset, lambda o, e: tile_nest(rest, chunks | {axis: (o, e)}, leaf), kind)
 
 
 def walk(stmts, depth: int = 0):

@@ -134,8 +134,10 @@ class ConfigSpace:
     def config(self, values: dict) -> Config:
         return self.get(self.index_of(values))
 
-    def nearest(self, wanted: dict, distance: Callable[[object, object], tuple]) -> Config:
-        """The valid config closest to `wanted`; constrained knobs are chosen jointly, earlier knobs first."""
+    def nearest(self, wanted: dict, distance: Callable[[object, object], tuple] | None = None) -> Config:
+        """The valid config closest to `wanted` (by `knob_distance` unless told); constrained knobs are chosen
+        jointly, earlier knobs first."""
+        distance = distance or knob_distance
         index, scale = 0, 1
         for digit in self._digits:
             values = min(digit.values, key=lambda v: [distance(x, wanted[n]) for n, x in zip(digit.names, v)])
@@ -203,3 +205,13 @@ class ConfigSpace:
 
 def _freeze(value):
     return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
+
+
+def knob_distance(candidate, wanted) -> tuple:
+    """How far a knob value is from the wanted one: log ratio for sizes (a split's innermost factor first,
+    so the register tile counts before the block), 0 or 1 for anything else."""
+    if isinstance(wanted, tuple) and all(isinstance(x, int) for x in wanted):
+        return tuple(abs(math.log(abs(a) / abs(b))) for a, b in reversed(list(zip(candidate, wanted))))
+    if isinstance(wanted, int) and not isinstance(wanted, bool):
+        return (abs(math.log(candidate / wanted)),)
+    return (0.0 if candidate == wanted else 1.0,)

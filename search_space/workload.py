@@ -5,16 +5,19 @@ database and the REST API (DESIGN.md), and `Workload.from_key` parses it back.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from scipy import special
 
 DTYPES = ("float32",)
 MAX_DIM = 1 << 16
 MAX_ELEMENTS = 1 << 28  # 1 GiB of float32 per operand
-EPILOGUES = ("none", "relu", "gelu")
+EPILOGUES = ("none", "relu", "gelu", "gelu_erf")  # gelu: the tanh form; gelu_erf: PyTorch's default
 
 
 class WorkloadError(ValueError):
@@ -33,6 +36,9 @@ class OpSpec:
     flops: Callable[[dict], int]
     reference: Callable[..., np.ndarray]
     reduction: Callable[[dict], int]  # terms summed into each output element
+    minimums: dict[str, int] = field(default_factory=dict)  # parameters that may be below 1 (conv2d's pad)
+    weights: tuple[str, ...] = ()  # inputs that are a model's parameters: fixed, packed once by `kernel.bind`
+    check: Callable[[dict], str | None] = lambda p: None  # what is wrong across parameters, if anything
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -40,8 +46,13 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x * x * x)))
 
 
+def gelu_erf(x: np.ndarray) -> np.ndarray:
+    """GELU as defined, 0.5·x·(1 + erf(x/√2)): torch.nn.GELU's default, what the `gelu_erf` epilogue computes."""
+    return 0.5 * x * (1.0 + special.erf(x * np.float32(0.7071067811865476)))
+
+
 def _epilogue(y: np.ndarray, epilogue: str) -> np.ndarray:
-    return {"none": lambda v: v, "relu": lambda v: np.maximum(v, 0), "gelu": gelu}[epilogue](y)
+    return {"none": lambda v: v, "relu": lambda v: np.maximum(v, 0), "gelu": gelu, "gelu_erf": gelu_erf}[epilogue](y)
 
 
 def _dense_reference(p: dict, x, w, bias=None):
@@ -54,6 +65,39 @@ def _dense_reference(p: dict, x, w, bias=None):
 def _dense_operands(p: dict):
     ops = [("X", (p["M"], p["K"])), ("W", (p["N"], p["K"]))]
     return ops + ([("bias", (p["N"],))] if p["bias"] else [])
+
+
+def conv2d_output(p: dict) -> tuple[int, int]:
+    """(OH, OW): where the R×S window fits in the padded input, every `stride` positions."""
+    return ((p["H"] + 2 * p["pad"] - p["R"]) // p["stride"] + 1, (p["W"] + 2 * p["pad"] - p["S"]) // p["stride"] + 1)
+
+
+def _conv2d_operands(p: dict):
+    ops = [("data", (p["N"], p["C"], p["H"], p["W"])), ("weight", (p["K"], p["C"], p["R"], p["S"]))]
+    return ops + ([("bias", (p["K"],))] if p["bias"] else []) + \
+        ([("residual", (p["N"], p["K"], *conv2d_output(p)))] if p["residual"] else [])
+
+
+def _conv2d_reference(p: dict, data, weight, *extra):
+    """im2col by a strided window view, contracted by BLAS; then bias, residual and the epilogue."""
+    pad = p["pad"]
+    padded = np.pad(data, ((0, 0), (0, 0), (pad, pad), (pad, pad))) if pad else data
+    windows = sliding_window_view(padded, (p["R"], p["S"]), axis=(2, 3))[:, :, ::p["stride"], ::p["stride"]]
+    y = np.tensordot(windows, weight, axes=((1, 4, 5), (1, 2, 3))).transpose(0, 3, 1, 2)  # N, K, OH, OW
+    extra = list(extra)
+    if p["bias"]:
+        y = y + extra.pop(0)[:, None, None]
+    if p["residual"]:
+        y = y + extra.pop(0)
+    return np.ascontiguousarray(_epilogue(y, p["epilogue"]), dtype=data.dtype)
+
+
+def _conv2d_check(p: dict) -> str | None:
+    padded = (p["H"] + 2 * p["pad"], p["W"] + 2 * p["pad"])
+    if p["R"] > padded[0] or p["S"] > padded[1]:
+        return (f"kernel R×S={p['R']}×{p['S']} is larger than the padded input {padded[0]}×{padded[1]} "
+                f"(H+2·pad × W+2·pad)")
+    return None
 
 
 OPS: dict[str, OpSpec] = {
@@ -72,6 +116,7 @@ OPS: dict[str, OpSpec] = {
         lambda p: 2 * p["M"] * p["N"] * p["K"],
         _dense_reference,
         lambda p: p["K"],
+        weights=("W", "bias"),
     ),
     "batch_matmul": OpSpec(
         "batch_matmul", ("B", "M", "N", "K"), {},
@@ -81,14 +126,26 @@ OPS: dict[str, OpSpec] = {
         lambda p, a, b: np.matmul(a, b),
         lambda p: p["K"],
     ),
+    "conv2d": OpSpec(
+        "conv2d", ("N", "C", "H", "W", "K", "R", "S", "stride", "pad"),
+        {"bias": False, "residual": False, "epilogue": "none"},
+        _conv2d_operands,
+        lambda p: (p["N"], p["K"], *conv2d_output(p)),
+        lambda p: 2 * p["N"] * p["K"] * math.prod(conv2d_output(p)) * p["C"] * p["R"] * p["S"],
+        _conv2d_reference,
+        lambda p: p["C"] * p["R"] * p["S"],
+        minimums={"pad": 0},
+        weights=("weight", "bias"),
+        check=_conv2d_check,
+    ),
 }
 
 
-def _check_dim(op: str, name: str, value) -> int:
+def _check_dim(op: str, name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise WorkloadError(f"{op}: parameter {name} must be an integer, got {value!r}")
-    if not 1 <= value <= MAX_DIM:
-        raise WorkloadError(f"{op}: parameter {name}={value} is out of range; it must be in 1..{MAX_DIM}")
+    if not minimum <= value <= MAX_DIM:
+        raise WorkloadError(f"{op}: parameter {name}={value} is out of range; it must be in {minimum}..{MAX_DIM}")
     return int(value)
 
 
@@ -128,8 +185,11 @@ class Workload:
         missing = [d for d in spec.dims if d not in params]
         if missing:
             raise WorkloadError(f"{op}: missing parameter(s) {', '.join(missing)}; {op} needs {', '.join(spec.dims)}")
-        values = {d: _check_dim(op, d, params[d]) for d in spec.dims}
+        values = {d: _check_dim(op, d, params[d], spec.minimums.get(d, 1)) for d in spec.dims}
         values |= {o: _check_option(op, o, params.get(o, default), default) for o, default in spec.options.items()}
+        problem = spec.check(values)
+        if problem:
+            raise WorkloadError(f"{op}: {problem}")
         workload = cls(op, tuple(values.items()), dtype, spec)
         for name, shape in workload.operand_shapes() + [("output", workload.output_shape)]:
             if int(np.prod(shape)) > MAX_ELEMENTS:
@@ -172,6 +232,10 @@ class Workload:
     def operand_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Names and shapes of the inputs, in call order."""
         return self.spec.operand_shapes(self.p)
+
+    def weight_names(self) -> tuple[str, ...]:
+        """The inputs a deployed model fixes (dense's W and bias, conv2d's weight and bias), in call order."""
+        return tuple(name for name, _ in self.operand_shapes() if name in self.spec.weights)
 
     def random_inputs(self, seed: int = 0) -> tuple[np.ndarray, ...]:
         """Uniform in [-1, 1), drawn in the workload's dtype (not drawn in float64 and cast: 1.6x faster)."""
@@ -219,3 +283,10 @@ def dense(M: int, N: int, K: int, bias: bool = False, epilogue: str = "none", dt
 def batch_matmul(B: int, M: int, N: int, K: int, dtype: str = "float32") -> Workload:
     """C[b] = A[b] · B[b]: attention scores and context."""
     return Workload.make("batch_matmul", dtype, B=B, M=M, N=N, K=K)
+
+
+def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1, pad: int = 0, bias: bool = False,
+           residual: bool = False, epilogue: str = "none", dtype: str = "float32") -> Workload:
+    """out[N,K,OH,OW] = epilogue(data[N,C,H,W] ⊛ weight[K,C,R,S] (+ bias[K]) (+ residual[N,K,OH,OW])): a ResNet layer."""
+    return Workload.make("conv2d", dtype, N=N, C=C, H=H, W=W, K=K, R=R, S=S, stride=stride, pad=pad, bias=bias,
+                         residual=residual, epilogue=epilogue)

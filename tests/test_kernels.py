@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from search_space import Target, batch_matmul, dense, fallback_config, get_space, matmul
+from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, matmul
 from workers import KernelArgumentError, build
 
 SIZES = st.one_of(st.sampled_from([1, 2, 3, 5, 7, 13, 16, 17, 31, 32, 61, 64, 97, 127]), st.integers(1, 300))
@@ -19,14 +19,39 @@ def workloads(draw):
     if op == "matmul":
         return matmul(m, n, k)
     if op == "dense":
-        return dense(m, n, k, bias=draw(st.booleans()), epilogue=draw(st.sampled_from(["none", "relu", "gelu"])))
+        return dense(m, n, k, bias=draw(st.booleans()), epilogue=draw(st.sampled_from(["none", "relu", "gelu", "gelu_erf"])))
     return batch_matmul(draw(st.integers(1, 4)), min(m, 96), min(n, 96), min(k, 96))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@st.composite
+def convolutions(draw):
+    """Strides, padding, 1×1 to 7×7 (R ≠ S too), H ≠ W, N > 1, channel counts that fill no vector, every fusion."""
+    r, s = draw(st.sampled_from([1, 3, 5, 7])), draw(st.sampled_from([1, 2, 3, 7]))
+    pad = draw(st.integers(0, 3))
+    h, w = draw(st.integers(max(1, r - 2 * pad), 19)), draw(st.integers(max(1, s - 2 * pad), 19))
+    return conv2d(draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 5, 8, 17, 24])), h, w,
+                  draw(st.sampled_from([1, 5, 8, 16, 17, 33, 40])), r, s, draw(st.integers(1, 3)), pad,
+                  bias=draw(st.booleans()), residual=draw(st.booleans()),
+                  epilogue=draw(st.sampled_from(["none", "relu", "gelu", "gelu_erf"])))
+
+
+PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+@PROPERTY
 @given(data=st.data())
 def test_any_config_matches_numpy(data):
-    workload = data.draw(workloads(), "workload")
+    assert_any_config_matches_numpy(data, workloads())
+
+
+@settings(PROPERTY, max_examples=120)
+@given(data=st.data())
+def test_any_convolution_config_matches_numpy(data):
+    assert_any_config_matches_numpy(data, convolutions())
+
+
+def assert_any_config_matches_numpy(data, workloads_of_op):
+    workload = data.draw(workloads_of_op, "workload")
     target = data.draw(st.sampled_from(TARGETS), "target")
     space = get_space(workload, target)
     config = space.get(data.draw(st.integers(0, space.size - 1), "config index"))
@@ -106,3 +131,12 @@ def test_parallel_kernels_launch_through_openmp():
     assert "GOMP_parallel" in compile_module(generate(lower(workload, target, config), 2), target).assembly()
     inputs = workload.random_inputs()
     assert workload.max_error(build(workload, target, config)(*inputs), workload.reference(*inputs)) <= 1
+
+
+@pytest.mark.parametrize("epilogue", ["gelu", "gelu_erf"])
+def test_gelu_epilogues_match_their_definitions_across_the_range(epilogue):
+    """x·1 + 0 over [-9, 9]: the fused epilogue against NumPy's (SciPy's erf for the exact form), closely."""
+    workload = dense(1, 512, 1, bias=True, epilogue=epilogue)
+    x, w, bias = np.ones((1, 1), np.float32), np.linspace(-9, 9, 512, dtype=np.float32)[:, None], np.zeros(512, np.float32)
+    got = build(workload, "llvm", fallback_config(workload, "llvm"))(x, w, bias)
+    np.testing.assert_allclose(got, workload.reference(x, w, bias), rtol=2e-6, atol=2e-6)

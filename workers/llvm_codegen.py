@@ -23,6 +23,12 @@ VOID = ir.VoidType()
 TANH_CLAMP = 7.90531110763549805
 TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
           1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)
+# Rational approximation of erf on [-4, 4], beyond which float32 erf is ±1 (as in Eigen): odd / even.
+ERF_CLAMP = 4.0
+ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+         -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+         -1.42647390514189e-02)
 TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
 
 
@@ -253,7 +259,9 @@ class LLVMCodegen:
             return b.call(self._intrinsic("llvm.fma", vt, 3), args)
         if value.name == "max":
             return b.call(self._intrinsic("llvm.maxnum", vt, 2), args)
-        return self.tanh(f, args[0], vt)
+        if value.name == "erf":
+            return self.rational(f, args[0], vt, ERF_CLAMP, ERF_P, ERF_Q)
+        return self.rational(f, args[0], vt, TANH_CLAMP, TANH_P, TANH_Q)
 
     def load(self, f: _Function, load: Load, vector: _Vector | None):
         b = f.builder
@@ -282,17 +290,18 @@ class LLVMCodegen:
         one = b.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(I32, 0))
         return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, width), [0] * width))
 
-    def tanh(self, f: _Function, x, vt):
+    def rational(self, f: _Function, x, vt, clamp: float, odd: tuple, even: tuple):
+        """x·P(x²)/Q(x²) on x clamped to [-clamp, clamp] (tanh, erf): Horner's rule in FMAs."""
         b = f.builder
         const = lambda c: ir.Constant(vt, [c] * vt.count) if isinstance(vt, ir.VectorType) else ir.Constant(F32, c)
         fma = self._intrinsic("llvm.fma", vt, 3)
-        x = b.call(self._intrinsic("llvm.minnum", vt, 2), [x, const(TANH_CLAMP)])
-        x = b.call(self._intrinsic("llvm.maxnum", vt, 2), [x, const(-TANH_CLAMP)])
+        x = b.call(self._intrinsic("llvm.minnum", vt, 2), [x, const(clamp)])
+        x = b.call(self._intrinsic("llvm.maxnum", vt, 2), [x, const(-clamp)])
         x2 = b.fmul(x, x)
-        p, q = const(TANH_P[0]), const(TANH_Q[0])
-        for c in TANH_P[1:]:
+        p, q = const(odd[0]), const(even[0])
+        for c in odd[1:]:
             p = b.call(fma, [x2, p, const(c)])
-        for c in TANH_Q[1:]:
+        for c in even[1:]:
             q = b.call(fma, [x2, q, const(c)])
         return b.fdiv(b.fmul(x, p), q)
 

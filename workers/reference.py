@@ -16,20 +16,28 @@ from .timing import time_samples
 
 
 def inference_call(kernel: Kernel, inputs) -> tuple[Callable, np.ndarray]:
-    """A zero-argument call of the kernel and its output array; dense weights are bound (packed once),
-    as an inference deployment does, so only the activations' work is timed."""
-    out = np.empty(kernel.workload.output_shape, kernel.workload.dtype)
-    if kernel.workload.op == "dense":
-        bound = kernel.bind(**{b.name: a for b, a in zip(kernel.inputs[1:], inputs[1:])})
-        return lambda: bound(inputs[0], out=out), out
-    return lambda: kernel(*inputs, out=out), out
+    """A zero-argument call of the kernel and its output array; the workload's weights are bound (packed
+    once), as an inference deployment does, so only the activations' work is timed."""
+    workload = kernel.workload
+    out = np.empty(workload.output_shape, workload.dtype)
+    named = dict(zip((name for name, _ in workload.operand_shapes()), inputs))
+    weights = workload.weight_names()
+    if not weights:
+        return lambda: kernel(*inputs, out=out), out
+    bound = kernel.bind(**{name: named[name] for name in weights})
+    activations = [array for name, array in named.items() if name not in weights]
+    return lambda: bound(*activations, out=out), out
 
 
 def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Callable]:
-    """Zero-argument calls computing the workload's product with NumPy and (when importable) PyTorch."""
+    """Zero-argument calls computing the workload with NumPy and (when importable) PyTorch: the core product
+    of matmul and dense; all of conv2d, its fused parts done by PyTorch as separate operators."""
+    p = workload.p
     if workload.op == "dense":
         x, w = inputs[:2]
         calls = {"numpy": lambda: np.matmul(x, w.T)}
+    elif workload.op == "conv2d":
+        calls = {"numpy": lambda: workload.reference(*inputs)}
     else:
         calls = {"numpy": lambda: np.matmul(*inputs)}
     try:
@@ -40,9 +48,24 @@ def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Calla
     tensors = [torch.from_numpy(a) for a in inputs]
     if workload.op == "dense":
         calls["torch"] = lambda: torch.nn.functional.linear(tensors[0], tensors[1])
+    elif workload.op == "conv2d":
+        calls["torch"] = lambda: torch_conv2d(p, *tensors)
     else:
         calls["torch"] = lambda: torch.matmul(*tensors)
     return calls
+
+
+def torch_conv2d(p: dict, data, weight, *extra):
+    """conv2d as PyTorch's eager model code runs it: the convolution (oneDNN, bias included), then the
+    residual add and the epilogue as operators of their own."""
+    import torch.nn.functional as F
+
+    extra = list(extra)
+    out = F.conv2d(data, weight, extra.pop(0) if p["bias"] else None, p["stride"], p["pad"])
+    if p["residual"]:
+        out = out + extra.pop(0)
+    return {"none": lambda y: y, "relu": F.relu, "gelu": lambda y: F.gelu(y, approximate="tanh"),
+            "gelu_erf": F.gelu}[p["epilogue"]](out)
 
 
 def head_to_head(calls: dict[str, Callable], threads: int, rounds: int = 5, min_repeat_ms: float = 20.0,

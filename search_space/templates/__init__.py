@@ -8,12 +8,13 @@ from ..program import Program
 from ..space import Config, ConfigSpace, InvalidConfig
 from ..target import Target
 from ..workload import Workload
-from . import gemm
+from . import conv2d, gemm
 
 TEMPLATES: dict[tuple[str, str], ModuleType] = {
     ("matmul", "llvm"): gemm,
     ("dense", "llvm"): gemm,
     ("batch_matmul", "llvm"): gemm,
+    ("conv2d", "llvm"): conv2d,
 }
 
 

@@ -9,18 +9,17 @@ per k, nr/vec vector loads of B, mr broadcasts of A and mr·nr/vec vector FMAs.
 from __future__ import annotations
 
 import itertools
-import math
 
-from ..program import Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, tiled, var
+from ..program import Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, tile_nest, tiled, var
 from ..space import Config, ConfigSpace, Knob
 from ..target import Target
 from ..workload import Workload
+from .epilogue import epilogue
 
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 NR_CHOICES = (4, 8, 12, 16, 24, 32, 48, 64)
 BLOCK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 UNROLL_CHOICES = (1, 2, 4, 8)
-GELU_C, GELU_A = 0.7978845608, 0.044715
 
 
 def _dims(workload: Workload) -> tuple[int, int, int, int]:
@@ -73,16 +72,7 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
         "order": ("no", "ko", "mo"), "inner_order": ("ni", "mi"),
         "parallel": "b" if batch > 1 else ("m" if m >= n else "n"), "pack_b": True,
     }
-    return space_.nearest(want, _distance)
-
-
-def _distance(candidate, wanted) -> tuple:
-    """How far a candidate is from the wanted value; for splits the register tile counts before the block."""
-    if isinstance(wanted, tuple) and all(isinstance(x, int) for x in wanted):
-        return tuple(abs(math.log(abs(a) / abs(b))) for a, b in reversed(list(zip(candidate, wanted))))
-    if isinstance(wanted, int) and not isinstance(wanted, bool):
-        return (abs(math.log(candidate / wanted)),)
-    return (0.0 if candidate == wanted else 1.0,)
+    return space_.nearest(want)
 
 
 class _Gemm:
@@ -152,14 +142,7 @@ class _Gemm:
         levels = [(name, axis_of[name], tile[name], "parallel" if name == top else "serial")
                   for name in outer + list(self.config["inner_order"])]
         extents = {"b": self.batch, "m": self.m, "n": self.n, "k": self.k}
-        return self._nest(levels, {axis: (Affine(), extent) for axis, extent in extents.items()})
-
-    def _nest(self, levels, chunks):
-        if not levels:
-            return self.micro_kernel(chunks)
-        (name, axis, size, kind), rest = levels[0], levels[1:]
-        offset, extent = chunks[axis]
-        return tiled(name, extent, size, offset, lambda o, e: self._nest(rest, chunks | {axis: (o, e)}), kind)
+        return tile_nest(levels, {axis: (Affine(), extent) for axis, extent in extents.items()}, self.micro_kernel)
 
     def _columns(self, width: int, body) -> list:
         """Columns 0..width of the register block: unrolled whole vectors, then a narrower tail vector."""
@@ -198,7 +181,7 @@ class _Gemm:
                     return [self.c.store(out(r, c), value)]
                 # the sum goes through the accumulator so the epilogue reads it once
                 return [self.acc.store((r, c), self.biased(value, n0 + c)),
-                        self.c.store(out(r, c), self.epilogue(self.acc[r, c]))]
+                        self.c.store(out(r, c), epilogue(self.options.get("epilogue", "none"), self.acc[r, c]))]
             return tuple(rows(body))
 
         if not self.epilogued:
@@ -212,15 +195,6 @@ class _Gemm:
 
     def biased(self, value, n):
         return Op("add", (value, self.bias[n])) if self.bias is not None else value
-
-    def epilogue(self, value):
-        kind = self.options.get("epilogue", "none")
-        if kind == "relu":
-            return Op("max", (value, Const(0.0)))
-        if kind == "gelu":  # 0.5·x·(1 + tanh(c·(x + a·x³)))
-            inner = Op("mul", (Const(GELU_C), Op("fma", (Op("mul", (Const(GELU_A), value)), Op("mul", (value, value)), value))))
-            return Op("mul", (Op("mul", (Const(0.5), value)), Op("add", (Const(1.0), Op("tanh", (inner,))))))
-        return value
 
 
 def lower(workload: Workload, target: Target, config: Config) -> Program:

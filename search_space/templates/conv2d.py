@@ -1,0 +1,203 @@
+"""The CPU conv2d template: direct convolution over channel-blocked layouts, as TVM's x86 conv2d and oneDNN.
+
+The data is packed, zero-padded, into Dp[n][C/cb][Hp][Wp][cb] and the weights once into
+Wk[K/kb][C/cb][R][S][cb][kb]; the micro-kernel keeps an owr × kb block of the output (owr output
+positions of one row, kb output channels as kb/vec vectors) in registers over the whole reduction
+(C/cb, R, S in a tunable order, then cb), so per input channel it does kb/vec vector loads of
+weights, owr broadcasts of data and owr·kb/vec vector FMAs: GEMM's micro-kernel with the output
+width as rows and the output channels as columns. Bias, residual and the epilogue are applied as
+the block is written to the NCHW output.
+"""
+from __future__ import annotations
+
+import itertools
+
+from ..program import Affine, Buffer, Call, Const, Loop, Op, Program, Stage, tile_nest, tiled, var
+from ..space import Config, ConfigSpace, Knob
+from ..target import Target
+from ..workload import Workload, conv2d_output
+from .epilogue import epilogue
+from .gemm import UNROLL_CHOICES
+
+OWR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 28)
+KB_VECTORS = (1, 2, 3, 4)
+
+
+def _channel_blocks(c: int) -> tuple[int, ...]:
+    """Input channel blocks: the divisors of C up to 64 (so no block has a tail)."""
+    return tuple(b for b in range(1, min(c, 64) + 1) if c % b == 0)
+
+
+def space(workload: Workload, target: Target) -> ConfigSpace:
+    p = workload.p
+    _, ow = conv2d_output(p)
+    vec_choices = tuple(v for v in (4, 8, 16) if v * 32 <= target.vector_bits)
+    kb_choices = sorted({v * n for v in vec_choices for n in KB_VECTORS if v * n < 2 * max(p["K"], v)})
+    parallel = ("none",) if target.threads == 1 else ("none", "k", "h") + (("n",) if p["N"] > 1 else ())
+    knobs = [
+        Knob("tile_k", "split", tuple((-1, kb) for kb in kb_choices)),
+        Knob("tile_ow", "split", tuple((-1, r) for r in OWR_CHOICES if r <= ow) or ((-1, 1),)),
+        Knob("tile_c", "split", tuple((-1, cb) for cb in _channel_blocks(p["C"]))),
+        Knob("vec", "annotate", vec_choices),
+        Knob("unroll_c", "annotate", UNROLL_CHOICES),
+        Knob("order", "reorder", tuple(itertools.permutations(("ko", "oh", "owo")))),
+        Knob("reduce_order", "reorder", tuple(itertools.permutations(("co", "r", "s")))),
+        Knob("parallel", "annotate", parallel),
+        Knob("write", "annotate", ("channels", "rows")),  # the register block leaves by channel vectors or by rows
+    ]
+    registers = target.vector_registers
+
+    def fits(tile_k, tile_ow, vec):
+        """kb splits into whole vectors, and accumulators + weight vectors + a broadcast fit the register file."""
+        kb, owr = tile_k[1], tile_ow[1]
+        return kb % vec == 0 and kb // vec <= 4 and owr * (kb // vec) + kb // vec + 1 <= registers
+
+    return ConfigSpace(knobs, [(("tile_k", "tile_ow", "vec"), fits)])
+
+
+def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
+    """The untuned default: 2 vectors of output channels × 6 output positions, channel blocks of 16."""
+    vec = max(space_.knobs["vec"].candidates)
+    want = {"tile_k": (-1, 2 * vec), "tile_ow": (-1, 6), "tile_c": (-1, 16), "vec": vec, "unroll_c": 4,
+            "order": ("ko", "oh", "owo"), "reduce_order": ("co", "r", "s"),
+            "parallel": "n" if workload.p["N"] > 1 else "k", "write": "rows"}
+    return space_.nearest(want)
+
+
+class _Conv2d:
+    """Builds the program for one workload and config; one method per stage."""
+
+    def __init__(self, workload: Workload, target: Target, config: Config):
+        p = self.p = workload.p
+        self.workload, self.config = workload, config
+        self.oh, self.ow = conv2d_output(p)
+        # a strided 1×1 convolution reads every stride-th pixel only: the packing keeps just those, and the
+        # compute runs at stride 1 over them (ResNet's downsampling shortcuts)
+        self.skip = p["stride"] if (p["R"], p["S"], p["pad"]) == (1, 1, 0) else 1
+        self.stride, self.pad = p["stride"] // self.skip, p["pad"]
+        self.kb, self.owr, self.cb = config["tile_k"][1], config["tile_ow"][1], config["tile_c"][1]
+        self.vec, self.unroll = config["vec"], config["unroll_c"]
+        self.parallel = config["parallel"] if target.threads > 1 else "none"
+        shapes = dict(workload.operand_shapes())
+        self.data = Buffer("data", shapes["data"], "input")
+        self.weight = Buffer("weight", shapes["weight"], "input")
+        self.bias = Buffer("bias", shapes["bias"], "input") if p["bias"] else None
+        self.residual = Buffer("residual", shapes["residual"], "input") if p["residual"] else None
+        self.out = Buffer("out", workload.output_shape, "output")
+        self.hp, self.wp = (self.oh - 1) * self.stride + p["R"], (self.ow - 1) * self.stride + p["S"]
+        self.dp = Buffer("Dp", (p["N"], p["C"] // self.cb, self.hp, self.wp, self.cb), "packed")
+        self.wk = Buffer("Wk", (-(-p["K"] // self.kb), p["C"] // self.cb, p["R"], p["S"], self.cb, self.kb), "packed")
+        self.acc = Buffer("acc", (self.owr, self.kb), "register")
+
+    def program(self) -> Program:
+        inputs = [self.data, self.weight] + [b for b in (self.bias, self.residual) if b is not None]
+        stages = (Stage("pack_weight", tuple(self.pack_weight()), constant=True),
+                  Stage("pack_data", tuple(self.pack_data())),
+                  Stage("compute", tuple(self.compute())))
+        return Program(self.workload.key, tuple(inputs + [self.out, self.dp, self.wk, self.acc]), stages)
+
+    def _kind(self, axis: str) -> str:
+        return "parallel" if self.parallel == axis else "serial"
+
+    def _vectors(self, name: str, width: int, base: Affine, body) -> list:
+        """A loop of `width` lanes as whole vectors of the config's width, then a narrower tail vector."""
+        return tiled(name + "o", width, self.vec, base, lambda x0, lanes: [
+            Loop(name, lanes, "vectorized", tuple(body(x0 + var(name))))])
+
+    def pack_weight(self):
+        """Wk[ko, co, r, s, ci, l] = weight[ko·kb + l, co·cb + ci, r, s]; a last block of K keeps its width."""
+        p = self.p
+        co, ci, r, s = var("co"), var("ci"), var("r"), var("s")
+
+        def block(k0: Affine, width: int):
+            ko = k0.exact_div(self.kb)
+            copy = self._vectors("l", width, Affine(), lambda l: [
+                self.wk.store((ko, co, r, s, ci, l), self.weight[k0 + l, co * self.cb + ci, r, s])])
+            return [Loop("co", p["C"] // self.cb, "serial", (Loop("r", p["R"], "serial", (Loop("s", p["S"], "serial", (
+                Loop("ci", self.cb, "serial", tuple(copy)),)),)),))]
+
+        return tiled("ko", p["K"], self.kb, 0, block, self._kind("k"))
+
+    def pack_data(self):
+        """Dp[n, co, y, x, ci] = data[n, co·cb + ci, y - pad, x - pad], zero outside the input; rows and
+        columns no output reads are left out (for a strided 1×1, Dp[y, x] = data[y·stride, x·stride])."""
+        p, pad, skip = self.p, self.pad, self.skip
+        n, co, ci = var("n"), var("co"), var("ci")
+        rows, cols = min(-(-p["H"] // skip), self.hp - pad), min(-(-p["W"] // skip), self.wp - pad)
+
+        def fill(y0: int, height: int, x0: int, width: int, value) -> list:
+            """Dp[y0 + y, x0 + x] = value(y, x) over a height × width rectangle of this channel."""
+            if height <= 0 or width <= 0:
+                return []
+            return [Loop("y", height, "serial", tuple(self._vectors("x", width, Affine(), lambda x: [
+                self.dp.store((n, co, y0 + var("y"), x0 + x, ci), value(var("y"), x))])))]
+
+        zero = lambda y, x: Const(0.0)
+        body = (fill(0, pad, 0, self.wp, zero) + fill(pad + rows, self.hp - pad - rows, 0, self.wp, zero)
+                + fill(pad, rows, 0, pad, zero) + fill(pad, rows, pad + cols, self.wp - pad - cols, zero)
+                + fill(pad, rows, pad, cols, lambda y, x: self.data[n, co * self.cb + ci, y * skip, x * skip]))
+        # the threads split the images, else whichever of channel blocks and channels in a block is longer
+        longer, shorter = sorted([("co", p["C"] // self.cb), ("ci", self.cb)], key=lambda level: -level[1])
+        levels = [("n", p["N"]), longer, shorter] if self.parallel == "n" else [longer, ("n", p["N"]), shorter]
+        nest = tuple(body)
+        for depth, (name, extent) in reversed(list(enumerate(levels))):
+            nest = (Loop(name, extent, "parallel" if depth == 0 and self.parallel != "none" else "serial", nest),)
+        return list(nest)
+
+    def compute(self):
+        order = list(self.config["order"])
+        top = {"k": "ko", "h": "oh", "n": "n"}.get(self.parallel)
+        outer = ([top] if top else []) + (["n"] if top != "n" else []) + [x for x in order if x != top]
+        tile = {"n": 1, "ko": self.kb, "oh": 1, "owo": self.owr}
+        axis_of = {"n": "n", "ko": "k", "oh": "h", "owo": "w"}
+        extents = {"n": self.p["N"], "k": self.p["K"], "h": self.oh, "w": self.ow}
+        levels = [(name, axis_of[name], tile[name], "parallel" if name == top else "serial") for name in outer]
+        return tile_nest(levels, {axis: (Affine(), extent) for axis, extent in extents.items()}, self.micro_kernel)
+
+    def micro_kernel(self, chunks):
+        """An owr × kb block of one output row, summed over C·R·S in registers, then written."""
+        (n, _), (k0, kw), (oh, _), (ow0, owr) = chunks["n"], chunks["k"], chunks["h"], chunks["w"]
+        args = (("n0", n), ("k0", k0), ("kblock", k0.exact_div(self.kb)), ("oh0", oh), ("ow0", ow0))
+        n, k0, kblock, oh, ow0 = (var(name) for name, _ in args)
+        p = self.p
+
+        def block(body):
+            columns = lambda w: tiled("v", kw, self.vec, 0, lambda c0, width: [
+                Loop("l", width, "vectorized", tuple(body(w, c0 + var("l"))))], "unrolled")
+            return [Loop("w", owr, "unrolled", tuple(columns(var("w"))))]
+
+        def step(ci):
+            y, x = oh * self.stride + var("r"), (ow0 + var("w")) * self.stride + var("s")
+            return block(lambda w, c: [self.acc.store((w, c), Op("fma", (
+                self.dp[n, var("co"), y, x, ci], self.wk[kblock, var("co"), var("r"), var("s"), ci, c], self.acc[w, c])))])
+
+        channels = tiled("ci", self.cb, self.unroll, 0,
+                         lambda c0, u: [Loop("cu", u, "unrolled", tuple(step(c0 + var("cu"))))])
+        extent = {"co": p["C"] // self.cb, "r": p["R"], "s": p["S"]}
+        reduction = tuple(channels)
+        for name in reversed(self.config["reduce_order"]):
+            reduction = (Loop(name, extent[name], "serial", reduction),)
+        zero = block(lambda w, c: [self.acc.store((w, c), Const(0.0))])
+        body = zero + list(reduction) + (block(self.write) if self.config["write"] == "channels" else
+                                         self._rows(owr, kw, self.write))
+        return [Call("micro_kernel", tuple((name, value) for name, value in args), tuple(body))]
+
+    def _rows(self, owr: int, kw: int, body) -> list:
+        """The block by output channel, each channel's owr positions a vector: stores run along the output
+        row (the accumulators are transposed on the way out), not one lane at a time across channels."""
+        return [Loop("c", kw, "unrolled", tuple(tiled("wo", owr, self.vec, 0, lambda w0, lanes: [
+            Loop("w", lanes, "vectorized", tuple(body(w0 + var("w"), var("c"))))], "unrolled")))]
+
+    def write(self, w: Affine, c: Affine):
+        """out = epilogue(acc + bias + residual) at this block's place in the NCHW output."""
+        place = (var("n0"), var("k0") + c, var("oh0"), var("ow0") + w)
+        value = self.acc[w, c]
+        if self.bias is not None:
+            value = Op("add", (value, self.bias[var("k0") + c]))
+        if self.residual is not None:
+            value = Op("add", (value, self.residual[place]))
+        return [self.out.store(place, epilogue(self.p["epilogue"], value))]
+
+
+def lower(workload: Workload, target: Target, config: Config) -> Program:
+    return _Conv2d(workload, target, config).program()

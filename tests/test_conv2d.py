@@ -1,0 +1,142 @@
+"""conv2d: the workload (key, validation, reference), its CPU template on the cases ResNet needs (every config
+on awkward shapes: tests/test_kernels.py), weights packed once by bind, and the op through tune, the database,
+the API, the AutoTVM log, show and the cost model's features."""
+import itertools
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from db import Database, apply_history_best, export_log, import_log
+from search_space import Target, Workload, WorkloadError, conv2d, fallback_config, get_space, lower
+from service.api import create_app
+from service.cli import app
+from tests.test_kernels import TARGETS
+from tuner.cost_model import features
+from tuner.tune import tune
+from workers import build
+from workers.task import MeasureOptions
+
+RESNET_BLOCK = dict(N=1, C=64, H=56, W=56, K=64, R=3, S=3, stride=1, pad=1)
+
+
+def naive(p: dict, data, weight, bias=None, residual=None):
+    """The definition, one output element at a time (float64), for small shapes."""
+    n, k, oh, ow = Workload.make("conv2d", **p).output_shape
+    padded = np.pad(data.astype(np.float64), ((0, 0), (0, 0), (p["pad"],) * 2, (p["pad"],) * 2))
+    out = np.zeros((n, k, oh, ow))
+    for b, o, y, x in itertools.product(range(n), range(k), range(oh), range(ow)):
+        window = padded[b, :, y * p["stride"]:y * p["stride"] + p["R"], x * p["stride"]:x * p["stride"] + p["S"]]
+        out[b, o, y, x] = np.sum(window * weight[o])
+    out += 0 if bias is None else bias[:, None, None]
+    out += 0 if residual is None else residual
+    return np.maximum(out, 0) if p.get("epilogue") == "relu" else out
+
+
+def test_the_key_names_every_parameter_and_the_fused_options():
+    fused = conv2d(**RESNET_BLOCK, bias=True, residual=True, epilogue="relu")
+    assert fused.key == ("conv2d(N=1,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1,bias=true,residual=true,"
+                         "epilogue=relu,dtype=float32)")
+    assert Workload.from_key(fused.key) == fused
+    assert conv2d(1, 3, 224, 224, 64, 7, 7, 2, 3).output_shape == (1, 64, 112, 112)
+    assert fused.flops == 2 * 64 * 56 * 56 * 64 * 9
+    assert [name for name, _ in fused.operand_shapes()] == ["data", "weight", "bias", "residual"]
+    assert fused.weight_names() == ("weight", "bias")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: conv2d(1, 3, 4, 4, 8, 7, 7, 1, 1), "kernel R×S=7×7 is larger than the padded input 6×6"),
+    (lambda: conv2d(1, 3, 8, 8, 8, 3, 3, stride=0), "parameter stride=0 is out of range; it must be in 1.."),
+    (lambda: conv2d(1, 3, 8, 8, 8, 3, 3, pad=-1), "parameter pad=-1 is out of range; it must be in 0.."),
+    (lambda: conv2d(1, 0, 8, 8, 8, 3, 3), "parameter C=0 is out of range"),
+    (lambda: conv2d(1, 3, 8, 8, 8, 3, 3, epilogue="tanh"), "unknown epilogue 'tanh'"),
+    (lambda: Workload.make("conv2d", N=1, C=3, H=8, W=8, K=8, R=3, S=3), "missing parameter(s) stride, pad"),
+])
+def test_bad_convolutions_say_what_is_wrong(make, message):
+    with pytest.raises(WorkloadError) as error:
+        make()
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("p", [
+    dict(N=2, C=3, H=7, W=9, K=5, R=3, S=2, stride=2, pad=1, bias=True, residual=True, epilogue="relu"),
+    dict(N=1, C=4, H=5, W=5, K=3, R=1, S=1, stride=2, pad=0),
+    dict(N=1, C=2, H=6, W=4, K=4, R=5, S=3, stride=3, pad=2, bias=True),
+])
+def test_the_reference_is_the_definition(p):
+    workload = Workload.make("conv2d", **p)
+    inputs = workload.random_inputs(seed=3)
+    expected = naive(p, *inputs)
+    assert workload.reference(*inputs).shape == expected.shape
+    np.testing.assert_allclose(workload.reference(*inputs), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("workload", [
+    conv2d(2, 3, 9, 7, 17, 7, 7, 2, 3, bias=True, residual=True, epilogue="relu"),  # the stem: C=3, 7×7, s2
+    conv2d(1, 5, 11, 8, 10, 1, 1, 2, 0, residual=True),  # a strided 1×1 on odd sizes
+    conv2d(2, 24, 6, 5, 33, 3, 3, 1, 1, bias=True, epilogue="gelu"),  # channels filling no vector
+], ids=lambda w: w.key)
+def test_the_cases_resnet_needs_on_every_target(workload):
+    for target in TARGETS:
+        space = get_space(workload, target)
+        inputs = workload.random_inputs()
+        expected = workload.reference(*inputs)
+        for config in [fallback_config(workload, target), *space.sample(3, 7)]:
+            error = workload.max_error(build(workload, target, config)(*inputs), expected)
+            assert error <= 1, f"{workload.key} on {target} config {config}: error {error:.2f}x tolerance"
+
+
+def test_bind_packs_the_weights_once():
+    """After bind, the caller's weight array is never read again: changing it in place changes nothing."""
+    workload = conv2d(1, 16, 9, 9, 24, 3, 3, 1, 1, bias=True)
+    data, weight, bias = workload.random_inputs()
+    expected = workload.reference(data, weight, bias)
+    bound = build(workload, "llvm").bind(weight=weight, bias=bias)
+    assert workload.max_error(bound(data), expected) <= 1
+    weight *= 3
+    assert workload.max_error(bound(data), expected) <= 1
+    assert workload.max_error(build(workload, "llvm")(data, weight, bias), expected) > 1  # unbound: reads it
+
+
+def test_a_strided_pointwise_convolution_packs_only_the_pixels_it_reads():
+    workload = conv2d(1, 64, 56, 56, 128, 1, 1, 2, 0)
+    program = lower(workload, "llvm", fallback_config(workload, "llvm"))
+    packed = {b.name: b.shape for b in program.scope("packed")}
+    assert packed["Dp"][2:4] == (28, 28)
+
+
+def test_conv2d_tunes_into_the_database_and_is_applied(tmp_path):
+    url = f"sqlite:///{tmp_path}/conv.db"
+    workload, target = conv2d(1, 8, 10, 10, 16, 3, 3, 1, 1, bias=True, residual=True, epilogue="relu"), \
+        Target.parse("llvm -threads=1")
+    result = tune(workload, target, 8, "xgb", url, measure=MeasureOptions(repeat=2, min_repeat_ms=1.0))
+    assert len(result.measured) == 8 and result.best is not None
+    best = Database(url).best(workload, target)[0]
+    assert best.input.config.index == result.best[0].config.index
+    with apply_history_best(url):
+        kernel = build(workload, target)
+    assert kernel.config.index == best.input.config.index
+    x = features(workload, target, get_space(workload, target), best.input.config, "itervar")
+    assert np.all(np.isfinite(x)) and np.count_nonzero(x) > 10
+    shown = CliRunner().invoke(app, ["best", "conv2d", *[f"{k}={v}" for k, v in workload.p.items()],
+                                     "--target", str(target), "--db", url, "--json"])
+    assert shown.exit_code == 0 and json.loads(shown.output)["config"]["index"] == best.input.config.index
+    client = TestClient(create_app(Database(url)))
+    served = client.get("/api/best", params={"workload": workload.key, "target": str(target)}).json()
+    assert served["config"]["index"] == best.input.config.index
+    job = client.post("/api/jobs", json={"workload": {"op": "conv2d", "params": workload.p}, "target": str(target),
+                                         "trials": 4, "tuner": "random"})
+    assert job.status_code == 201 and job.json()["workload"] == workload.key
+    assert export_log(Database(url), tmp_path / "log.json") == 8
+    copy = Database(f"sqlite:///{tmp_path}/copy.db")
+    assert import_log(copy, tmp_path / "log.json").imported == 8
+    assert copy.best(workload, target)[0].input.config == best.input.config
+
+
+def test_show_prints_the_blocked_loop_nest():
+    shown = CliRunner().invoke(app, ["show", "conv2d", *[f"{k}={v}" for k, v in RESNET_BLOCK.items()]])
+    assert shown.exit_code == 0
+    assert "# stage pack_weight (constant" in shown.output and "# stage pack_data" in shown.output
+    assert "fma(Dp[" in shown.output and "Wk[" in shown.output
