@@ -15,6 +15,8 @@ from sqlalchemy.pool import StaticPool
 
 DEFAULT_FILE = "tensortune.db"
 BUSY_TIMEOUT_SECONDS = 60
+# a server that does not answer is an outage (db/outage.py) after this long, not a hang
+SERVER_CONNECT = {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
 
 
 def is_url(text: str) -> bool:
@@ -44,14 +46,14 @@ def read_engine(engine: Engine) -> Engine:
     in-memory database must keep its one connection, so SQLite shares the engine."""
     if engine.dialect.name == "sqlite":
         return engine
-    return create_engine(engine.url, pool_pre_ping=True, isolation_level="AUTOCOMMIT")
+    return create_engine(engine.url, isolation_level="AUTOCOMMIT", **SERVER_CONNECT)
 
 
 def make_engine(url: str) -> Engine:
     """An engine for `url`; in-memory SQLite shares one connection so every session sees the same data."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, **SERVER_CONNECT)
     options = {"poolclass": StaticPool} if parsed.database in (None, "", ":memory:") else {}
     engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False}, **options)
     event.listen(engine, "connect", _sqlite_pragmas)

@@ -16,15 +16,29 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sqlalchemy import text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 
 @dataclass
 class Claim:
-    """A job this process runs; `release` it when the run ends, however it ends."""
+    """A job this process runs; `release` it when the run ends, however it ends. `connection` (PostgreSQL)
+    is the session holding the lock: whoever writes for the job writes through it (`Database.fenced`), so
+    that once the lock is lost with its connection (a restart, a cut) no write of the old run lands."""
 
     job_id: int
     release: Callable[[], None]
+    connection: Connection | None = None
+
+    def __post_init__(self):
+        self._session = self.connection.connection.dbapi_connection if self.connection is not None else None
+
+    def held(self) -> bool:
+        """Whether the lock's connection is still the one that took it (SQLAlchemy quietly replaces a lost
+        connection at its next use, and the new one holds nothing)."""
+        if self.connection is None:
+            return True
+        return not self.connection.invalidated and self.connection.connection.dbapi_connection is self._session
 
 
 class PostgresJobLocks:
@@ -36,13 +50,21 @@ class PostgresJobLocks:
             self.space = connection.scalar(text("SELECT hashtext(current_schema())"))
 
     def acquire(self, job_id: int) -> Claim | None:
-        connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        connection = self.engine.connect()
         key = {"space": self.space, "id": job_id}
-        if connection.scalar(text("SELECT pg_try_advisory_lock(:space, :id)"), key):
+        taken = connection.scalar(text("SELECT pg_try_advisory_lock(:space, :id)"), key)
+        connection.commit()  # a session lock outlives the transaction; the connection is left idle
+        if taken:
             def release() -> None:  # explicitly: closing a pooled connection keeps its session (and locks)
-                connection.scalar(text("SELECT pg_advisory_unlock(:space, :id)"), key)
-                connection.close()
-            return Claim(job_id, release)
+                try:
+                    connection.rollback()
+                    connection.scalar(text("SELECT pg_advisory_unlock(:space, :id)"), key)
+                    connection.commit()
+                    connection.close()
+                except DBAPIError:  # the connection is gone, and its lock with it; never reuse it
+                    connection.invalidate()
+                    connection.close()
+            return Claim(job_id, release, connection)
         connection.close()
         return None
 
