@@ -71,6 +71,7 @@ class JobRow(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         Index("ix_jobs_queue", "status", "created_at"),
+        Index("ix_jobs_parent", "parent_id"),
         CheckConstraint(f"status IN {JOB_STATUSES}", name="ck_jobs_status"),
     )
 
@@ -84,6 +85,8 @@ class JobRow(Base):
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     error: Mapped[str] = mapped_column(Text, default="")
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))  # the model job of a task's job
+    model: Mapped[str | None] = mapped_column(String(128))  # a model job's name, if it was given one
 
 
 class MeasurementRow(Base):

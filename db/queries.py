@@ -1,17 +1,18 @@
-"""Read queries over one session: the best records of a workload on a target, counts, stored targets.
+"""Read queries over one session: the best records of a workload on a target, counts, stored targets;
+which jobs are single jobs.
 
 They take a plain `Session` so that `Database` and `apply_history_best(session)` share them.
 The best-record query is two unique-key lookups and one seek on `ix_measurements_best`.
 """
 from __future__ import annotations
 
-from sqlalchemy import bindparam, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, bindparam, func, select
+from sqlalchemy.orm import Session, aliased
 
 from search_space import Target, Workload
 from workers import Outcome
 
-from .models import MeasurementRow, TargetRow, WorkloadRow
+from .models import JobRow, MeasurementRow, TargetRow, WorkloadRow
 from .records import Record, record_from_row, seconds, target_from_row
 
 
@@ -29,6 +30,13 @@ _IDENTITIES = _OF_PAIR.with_only_columns(MeasurementRow.config_index, Measuremen
 _COUNT = select(func.count()).select_from(_OF_PAIR.subquery())
 _COUNT_CONFIG = select(func.count()).select_from(
     _OF_PAIR.where(MeasurementRow.config_index == bindparam("index")).subquery())
+
+# A model job groups the jobs of a model's tasks (tuner/scheduler.py), which only its scheduler runs:
+# `tensortune tune` resumes single jobs, those with neither a parent nor children (the queue claims single
+# and model jobs, those without a parent).
+_CHILD = aliased(JobRow)
+MODEL_JOB = select(_CHILD.id).where(_CHILD.parent_id == JobRow.id).exists()
+SINGLE_JOB = and_(JobRow.parent_id.is_(None), ~MODEL_JOB)
 
 
 def _pair(workload: Workload, target: Target) -> dict:

@@ -6,13 +6,14 @@ and concurrent writer processes never hold locks across a measurement.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Select, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,9 +21,11 @@ from search_space import Target, Workload
 from workers import MeasureInput, MeasureResult
 
 from .engine import make_engine, read_engine, resolve_url
+from .job_locks import Claim
 from .migrate import upgrade
 from .models import JOB_STATUSES, JobRow, MeasurementRow, TargetRow, WorkloadRow, utcnow
-from .queries import best_records, count_records, measurement_identities
+from .outage import LockLost
+from .queries import MODEL_JOB, SINGLE_JOB, best_records, count_records, measurement_identities
 from .records import Record, measurement_values, record_from_row, target_from_row, target_values, workload_values
 
 FINISHED = ("done", "failed", "cancelled")
@@ -30,7 +33,8 @@ FINISHED = ("done", "failed", "cancelled")
 
 @dataclass(frozen=True)
 class Job:
-    """A tuning job as the job queue sees it."""
+    """A tuning job as the job queue sees it. A model job (tuner/scheduler.py) groups its tasks' jobs, whose
+    `parent_id` it is; its workload is its first task's, its trials the whole budget, `model` its name."""
 
     id: int
     workload: Workload
@@ -42,6 +46,8 @@ class Job:
     started_at: datetime | None
     finished_at: datetime | None
     error: str
+    parent_id: int | None = None
+    model: str | None = None
 
 
 class Database:
@@ -72,6 +78,25 @@ class Database:
     def close(self) -> None:
         self.read_engine.dispose()
         self.engine.dispose()
+
+    def ping(self) -> None:
+        """One round trip; raises what the database raises when it cannot answer."""
+        with self.read_engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    def fenced(self, claim: Claim) -> Database:
+        """This database as the holder of `claim` sees it: every statement runs on the connection holding
+        the job's lock, so none runs once the lock is lost. Itself where locks do not live in connections."""
+        if claim.connection is None:
+            return self
+
+        def sessions() -> Session:
+            if not claim.held():
+                raise LockLost(f"job {claim.job_id}'s lock went with its database connection")
+            return Session(claim.connection, expire_on_commit=False)
+        fenced = copy.copy(self)
+        fenced.sessions = fenced.read_sessions = sessions
+        return fenced
 
     def _id(self, model: type[WorkloadRow] | type[TargetRow], values: dict) -> int:
         """The row id for a key, inserting the row the first time; safe when writers race to insert it."""
@@ -177,27 +202,45 @@ class Database:
         with self.sessions() as session:
             return [(Workload.from_key(key), target_from_row(row)) for key, row in session.execute(query)]
 
-    def create_job(self, workload: Workload, target: Target | str, tuner: str, trials: int, status: str = "queued",
-                   before_commit: Callable[[int], object] | None = None) -> int:
-        """A new tuning job; returns its id. `before_commit(id)` runs while nobody else can see the job yet
-        (db/queue.py takes the job's lock there)."""
+    def _job_row(self, workload: Workload, target: Target | str, tuner: str, trials: int, status: str) -> dict:
         row = {"workload_id": self._id(WorkloadRow, workload_values(workload)),
                "target_id": self._id(TargetRow, target_values(Target.parse(target))),
                "tuner": tuner, "trials": trials, "status": status}
         if status == "running":
             row["started_at"] = utcnow()
+        return row
+
+    def create_job(self, workload: Workload, target: Target | str, tuner: str, trials: int, status: str = "queued",
+                   before_commit: Callable[[int], object] | None = None) -> int:
+        """A new tuning job; returns its id. `before_commit(id)` runs while nobody else can see the job yet
+        (db/queue.py takes the job's lock there)."""
+        return self._create_jobs(self._job_row(workload, target, tuner, trials, status), [], before_commit)
+
+    def create_model_job(self, model: str | None, workloads: Sequence[Workload], target: Target | str, tuner: str,
+                         trials: int, status: str = "queued",
+                         before_commit: Callable[[int], object] | None = None) -> int:
+        """A model job named `model` and under it one job per task workload, committed together (so a model
+        job is never seen without its tasks); returns the model job's id. Each task's job starts with the
+        whole budget as its `trials`, and is given its share when the model job ends."""
+        tasks = [self._job_row(workload, target, tuner, trials, status) for workload in workloads]
+        return self._create_jobs(tasks[0] | {"model": model}, tasks, before_commit)
+
+    def _create_jobs(self, row: dict, tasks: list[dict], before_commit: Callable[[int], object] | None) -> int:
         with self.sessions() as session:
             new_id = session.scalar(insert(JobRow).values(**row).returning(JobRow.id))
+            if tasks:
+                session.execute(insert(JobRow), [task | {"parent_id": new_id} for task in tasks])
             if before_commit:
                 before_commit(new_id)
             session.commit()
         return new_id
 
-    def update_job(self, job_id: int, status: str, error: str = "") -> None:
-        """Move a job to `status`, stamping when it started or finished."""
+    def update_job(self, job_id: int, status: str, error: str = "", trials: int | None = None) -> None:
+        """Move a job to `status`, stamping when it started or finished (and setting its budget to `trials`,
+        when given: a model's task job gets its share)."""
         if status not in JOB_STATUSES:
             raise ValueError(f"unknown job status {status!r}; known: {', '.join(JOB_STATUSES)}")
-        values: dict = {"status": status, "error": error}
+        values: dict = {"status": status, "error": error} | ({} if trials is None else {"trials": trials})
         if status == "running":
             values["started_at"] = utcnow()
         elif status in FINISHED:
@@ -222,20 +265,44 @@ class Database:
                 raise KeyError(f"no job {job_id}")
             return self._job(session, row)
 
+    def children(self, job_id: int) -> list[Job]:
+        """The jobs of a model job's tasks, in the order of its workloads."""
+        with self.sessions() as session:
+            rows = session.scalars(select(JobRow).where(JobRow.parent_id == job_id).order_by(JobRow.id)).all()
+            return [self._job(session, row) for row in rows]
+
+    @staticmethod
+    def _unfinished(target: Target | str, tuner: str, trials: int, *where) -> Select:
+        """Jobs of this target, tuner and budget that are neither done nor failed, newest first."""
+        return (select(JobRow).join(TargetRow, TargetRow.id == JobRow.target_id)
+                .where(TargetRow.key == str(Target.parse(target)), JobRow.tuner == tuner, JobRow.trials == trials,
+                       JobRow.status.not_in(("done", "failed")), *where)
+                .order_by(JobRow.id.desc()))
+
     def unfinished_job(self, workload: Workload, target: Target | str, tuner: str, trials: int) -> Job | None:
-        """The newest job of exactly this request that is neither done nor failed: the one to resume."""
-        statement = (select(JobRow).join(WorkloadRow, WorkloadRow.id == JobRow.workload_id)
-                     .join(TargetRow, TargetRow.id == JobRow.target_id)
-                     .where(WorkloadRow.key == workload.key, TargetRow.key == str(Target.parse(target)),
-                            JobRow.tuner == tuner, JobRow.trials == trials, JobRow.status.not_in(("done", "failed")))
-                     .order_by(JobRow.id.desc()).limit(1))
+        """The newest single job of exactly this request that is neither done nor failed: the one to resume."""
+        statement = self._unfinished(target, tuner, trials, SINGLE_JOB).join(
+            WorkloadRow, WorkloadRow.id == JobRow.workload_id).where(WorkloadRow.key == workload.key).limit(1)
         with self.sessions() as session:
             row = session.scalars(statement).first()
             return self._job(session, row) if row is not None else None
+
+    def unfinished_model_job(self, model: str | None, workloads: Sequence[Workload], target: Target | str, tuner: str,
+                             trials: int) -> Job | None:
+        """The newest model job of exactly this request (its name, and tasks of the same workloads) that is
+        neither done nor failed: the one to resume."""
+        named = JobRow.model.is_(None) if model is None else JobRow.model == model
+        wanted = {workload.key for workload in workloads}
+        tasks = select(WorkloadRow.key).join(JobRow, JobRow.workload_id == WorkloadRow.id)
+        with self.sessions() as session:
+            for row in session.scalars(self._unfinished(target, tuner, trials, named, MODEL_JOB)):
+                if set(session.scalars(tasks.where(JobRow.parent_id == row.id))) == wanted:
+                    return self._job(session, row)
+        return None
 
     @staticmethod
     def _job(session: Session, row: JobRow) -> Job:
         workload = Workload.from_key(session.get(WorkloadRow, row.workload_id).key)
         target = target_from_row(session.get(TargetRow, row.target_id))
         return Job(row.id, workload, target, row.tuner, row.trials, row.status, row.created_at,
-                   row.started_at, row.finished_at, row.error)
+                   row.started_at, row.finished_at, row.error, row.parent_id, row.model)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from db import Database
+from db.queue import JobQueue
 from search_space import Target, matmul
 from tuner.tune import tune
 from workers.pool import make_pool
@@ -48,13 +49,14 @@ def test_stop_ends_a_job_cancelled_after_the_batch_in_flight(tmp_path, pool, tri
     asks stop() after that batch; with 6 the budget ends the loop first, and the cancel still stands."""
     database = Database(f"sqlite:///{tmp_path}/t.db")
     job = database.create_job(matmul(16, 16, 16), TARGET, "random", trials)
+    claim = JobQueue(database).claim()
     seen = []
 
     def measured(_, result):
         seen.append(result)
         if len(seen) == 4:
             database.update_job(job, "cancelled")
-    result = tune(matmul(16, 16, 16), TARGET, trials, "random", database, pool, batch=3, measure=FAST, job=job,
+    result = tune(matmul(16, 16, 16), TARGET, trials, "random", database, pool, batch=3, measure=FAST, job=claim,
                   on_result=measured, stop=lambda: database.job(job).status == "cancelled")
     assert result.job_id == job and len(result.measured) == len(database.job_records(job)) == 6
     assert database.job(job).status == "cancelled"

@@ -1,22 +1,26 @@
 """`tune(workload, ...)`: the search loop. A tuner proposes, a pool measures, the database keeps
 every result as it arrives, and a job interrupted at any point resumes from what it recorded.
+`JobSearch` runs a job a step at a time, for the scheduler of a model's tasks (tuner/scheduler.py).
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from db import Database
+from db.job_locks import Claim
+from db.outage import unavailable, wait_until_reachable
 from db.queue import JobQueue
 from search_space import ConfigSpace, Target, Workload, get_space
 from workers import MeasureInput, MeasureResult
 from workers.pool import Pool, make_pool
 from workers.task import MeasureOptions, Task
 
-from . import TUNERS
+from . import TUNERS, Tuner
 from .cost_model import CostModelOptions, features
 from .xgb_tuner import XGBOptions
 
@@ -80,56 +84,132 @@ def make_tuner(workload: Workload, target: Target, options: TuneOptions, past: S
                          options=XGBOptions(model=CostModelOptions()), history=past)
 
 
+class JobFailed(RuntimeError):
+    """A job ended by an error; the job is `failed` in the database with `reason`, its one-line account."""
+
+    def __init__(self, job_id: int, reason: str):
+        super().__init__(f"job {job_id} failed: {reason}")
+        self.job_id, self.reason = job_id, reason
+
+
+def failure_reason(error: BaseException) -> str:
+    """What ended a job, on one line: the error's kind and the first line of its message."""
+    message = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
+
+
 def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tuner: str = "xgb",
          db: Database | str | None = None, pool: Pool | str = "local", *, batch: int = 4,
          early_stopping: int | None = None, seed: int = 0, transfer: bool = True,
          measure: MeasureOptions = MeasureOptions(),
          on_result: Callable[[MeasureInput, MeasureResult], None] | None = None,
-         job: int | None = None, stop: Callable[[], bool] = lambda: False) -> TuneResult:
+         job: Claim | None = None, stop: Callable[[], bool] = lambda: False,
+         on_wait: Callable[[str], None] | None = None) -> TuneResult:
     """Tune until `trials` configs of the job are measured (or early stopping ends it).
 
     Running the same request again resumes an unfinished job: it reloads what the job measured,
     refits the model on it, and measures nothing twice; it raises `db.queue.JobBusy` while another live
-    process runs that job. `job` names a job the caller has claimed (the service's runner does);
-    `stop()` is asked between batches and ends the job `cancelled`."""
+    process runs that job. `job` is a job the caller has claimed (the service's runner does);
+    `stop()` is asked between batches and ends the job `cancelled`. An error ends the job `failed` and
+    raises JobFailed. A workload with no template for the target raises NoTemplate before any job exists.
+
+    A database outage raises, unless `on_wait` is given: then tune() waits for the database, telling
+    `on_wait` why, and resumes the job from its records (what was measured but not yet written is
+    measured again, so each config is recorded once)."""
     options = TuneOptions(trials, tuner, batch, early_stopping, seed, transfer, measure)
     target = Target.parse(target)
+    get_space(workload, target)
     database = db if isinstance(db, Database) else Database(db)
-    claim = None if job is not None else JobQueue(database).own(workload, target, options.tuner, options.trials)
-    try:
-        return run_job(job if claim is None else claim.job_id, workload, target, options, database, pool, on_result, stop)
-    finally:
-        if claim is not None:
-            claim.release()
+    while True:
+        try:
+            claim = job or JobQueue(database).own(workload, target, options.tuner, options.trials)
+            try:
+                return run_job(claim.job_id, workload, target, options, database.fenced(claim), pool, on_result, stop)
+            finally:
+                if job is None:
+                    claim.release()
+        except Exception as error:
+            reason = unavailable(error)
+            if reason is None or on_wait is None or job is not None:
+                raise
+            wait_until_reachable(database.ping, reason, "tuning", on_wait)
 
 
 def run_job(job_id: int, workload: Workload, target: Target, options: TuneOptions, database: Database, pool: Pool | str,
             on_result: Callable[[MeasureInput, MeasureResult], None] | None, stop: Callable[[], bool]) -> TuneResult:
-    database.update_job(job_id, "running")
-    past = history(database, workload, target) if options.tuner == "xgb" and options.transfer else []
-    search = make_tuner(workload, target, options, past)
-    done = [(r.input, r.result) for r in database.job_records(job_id)]
-    if done:
-        search.observe([i.config for i, _ in done], [r for _, r in done])
-    result = TuneResult(job_id, list(done), len(done))
-    own_pool = isinstance(pool, str)
-    measurer = make_pool(pool) if own_pool else pool
-    def sink(measure_input: MeasureInput, measured: MeasureResult) -> None:
-        database.record(measure_input, measured, job_id)
-        if on_result:
-            on_result(measure_input, measured)
-
-    try:
-        stopped = search_loop(search, measurer, workload, target, options, result.measured, sink, stop)
-    except BaseException as error:  # Ctrl-C included: the job stays resumable, its records are kept
-        database.update_job(job_id, "cancelled" if isinstance(error, KeyboardInterrupt) else "failed",
-                            f"{type(error).__name__}: {error}")
-        raise
-    finally:
-        if own_pool:
-            measurer.close()
+    """Run a job held by the caller, writing through `database` (fenced by the job's lock)."""
+    with ending_on_error(job_id, lambda status, reason: database.update_job(job_id, status, reason)):
+        database.update_job(job_id, "running")
+        job = JobSearch(job_id, workload, target, options, database, on_result)
+        with measuring(pool) as measurer:
+            stopped = job.step(measurer, options.trials, stop)
     database.finish_job(job_id, "cancelled" if stopped else "done")
-    return result
+    return job.result
+
+
+@contextmanager
+def ending_on_error(job_id: int, end: Callable[[str, str], None]) -> Iterator[None]:
+    """Hand an error's end of job `job_id` to `end(status, reason)`: an interrupt cancels it (its records are
+    kept, it stays resumable); any other error fails it and raises JobFailed; a database outage, through which
+    nothing can be written, raises as it is (the job resumes from its records)."""
+    try:
+        yield
+    except KeyboardInterrupt as error:
+        end("cancelled", failure_reason(error))
+        raise
+    except Exception as error:
+        if unavailable(error):
+            raise
+        reason = failure_reason(error)
+        end("failed", reason)
+        raise JobFailed(job_id, reason) from error
+
+
+@contextmanager
+def measuring(pool: Pool | str) -> Iterator[Pool]:
+    """The pool given, or one made from its name and closed afterwards."""
+    if not isinstance(pool, str):
+        yield pool
+        return
+    made = make_pool(pool)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+class JobSearch:
+    """One job's search, measured a few trials at a time (`step`), keeping its tuner between steps. It starts
+    from the job's records; its tuner is built at the first step, from them and, for xgb, from the op's other
+    shapes in the database (so a model's task tuned later learns from the tasks measured before it)."""
+
+    def __init__(self, job_id: int, workload: Workload, target: Target, options: TuneOptions, database: Database,
+                 on_result: Callable[[MeasureInput, MeasureResult], None] | None = None):
+        self.workload, self.target, self.options, self.database, self.on_result = (
+            workload, target, options, database, on_result)
+        done = [(r.input, r.result) for r in database.job_records(job_id)]
+        self.result = TuneResult(job_id, done, len(done))
+        self.tuner: Tuner | None = None
+
+    def _built_tuner(self) -> Tuner:
+        if self.tuner is None:
+            transfer = self.options.tuner == "xgb" and self.options.transfer
+            past = history(self.database, self.workload, self.target) if transfer else []
+            self.tuner = make_tuner(self.workload, self.target, self.options, past)
+            if self.result.measured:
+                self.tuner.observe([i.config for i, _ in self.result.measured], [r for _, r in self.result.measured])
+        return self.tuner
+
+    def _record(self, measure_input: MeasureInput, measured: MeasureResult) -> None:
+        self.database.record(measure_input, measured, self.result.job_id)
+        if self.on_result:
+            self.on_result(measure_input, measured)
+
+    def step(self, pool: Pool, trials: int, stop: Callable[[], bool] = lambda: False) -> bool:
+        """Measure until the job holds `trials` results (see `search_loop`); whether `stop()` ended it."""
+        options = replace(self.options, trials=trials)
+        return search_loop(self._built_tuner(), pool, self.workload, self.target, options, self.result.measured,
+                           self._record, stop)
 
 
 def search_loop(search, pool, workload: Workload, target: Target, options: TuneOptions,

@@ -1,0 +1,79 @@
+"""`torch.compile(model, backend="tensortune", options={"db": URL, "target": "llvm"})`.
+
+Registered through the `torch_dynamo_backends` entry point, so torch finds it without importing
+tensortune first. Each graph Dynamo hands over has its tensortune patterns (frontend/patterns.py)
+replaced by kernels built with the best stored config for the target (the fallback, with a warning
+once per workload, when none is stored); weights are bound (packed) when the graph is compiled, so
+the compiled model assumes them fixed, as inference does. Tensors reach the kernels as NumPy views of
+the same memory, and results are written straight into new torch tensors.
+"""
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from db import Database, apply_history_best
+from search_space import Target
+from workers import build
+
+from .capture import Captured
+from .patterns import Match, find_matches
+
+
+class TunedOp(torch.nn.Module):
+    """One kernel standing in for a chain of the graph's nodes."""
+
+    def __init__(self, match: Match, kernel):
+        super().__init__()
+        self.workload, self.shape = match.workload, match.shape
+        self.kernel = kernel.bind(**match.weights) if match.weights else kernel
+        weights = set(match.workload.weight_names())
+        self.input_shapes = [shape for name, shape in match.workload.operand_shapes() if name not in weights]
+
+    def forward(self, *activations: torch.Tensor) -> torch.Tensor:
+        arrays = [a.detach().reshape(shape).contiguous().numpy() for a, shape in zip(activations, self.input_shapes)]
+        out = torch.empty(self.workload.output_shape, dtype=torch.float32)
+        self.kernel(*arrays, out=out.numpy())
+        return out.view(self.shape)
+
+    def extra_repr(self) -> str:
+        return self.workload.key
+
+
+def substitute(captured: Captured, matches: list[Match], kernels: dict) -> fx.GraphModule:
+    """The graph with each match's nodes replaced by one call of its TunedOp."""
+    module, graph = captured.graph, captured.graph.graph
+    replaced: dict[fx.Node, fx.Node] = {}  # a result an earlier match computes → its call
+    for number, match in enumerate(matches):
+        name = f"tensortune_{number}"
+        module.add_submodule(name, TunedOp(match, kernels[match.workload]))
+        with graph.inserting_after(match.nodes[-1]):
+            call = graph.call_module(name, tuple(replaced.get(node, node) for node in match.activations))
+        match.nodes[-1].replace_all_uses_with(call)
+        replaced[match.nodes[-1]] = call
+        for node in reversed(match.nodes):
+            graph.erase_node(node)
+    graph.lint()
+    module.recompile()
+    return module
+
+
+def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: str | Target = "llvm"):
+    """Build the graph's kernels with the best stored configs of `db` for `target`, then substitute them."""
+    captured = Captured(graph, list(example_inputs))
+    matches = find_matches(captured)
+    target = Target.parse(target)
+    with Database(db) as database, apply_history_best(database):
+        kernels = {workload: build(workload, target) for workload in dict.fromkeys(m.workload for m in matches)}
+    return substitute(captured, matches, kernels).forward
+
+
+def tensortune(graph: fx.GraphModule, example_inputs: list, options: dict | None = None):
+    """The torch.compile backend; options: `db` (default TENSORTUNE_DB, else ./tensortune.db) and `target`
+    (default `llvm`, this CPU with all its cores)."""
+    options = dict(options or {})
+    unknown = set(options) - {"db", "target"}
+    if unknown:
+        raise ValueError(f"tensortune backend: unknown option(s) {', '.join(sorted(unknown))}; it takes db and target")
+    return compile_graph(graph, example_inputs, options.get("db"), options.get("target", "llvm"))
+

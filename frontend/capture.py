@@ -1,0 +1,46 @@
+"""The graphs torch.compile hands a backend: Dynamo's FX graphs of a model in inference mode, with the
+real tensors they were traced on. Task extraction and the backend both read these, so the workloads
+one finds are exactly the kernels the other runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+
+@dataclass
+class Captured:
+    """One FX graph of the model and the example tensors of its placeholders, in order."""
+
+    graph: fx.GraphModule
+    inputs: list
+
+    def __post_init__(self):
+        placeholders = [node for node in self.graph.graph.nodes if node.op == "placeholder"]
+        self.placeholder_values = dict(zip(placeholders, self.inputs))
+
+
+def capture(model: torch.nn.Module, example_inputs: tuple) -> list[Captured]:
+    """Run the model once under torch.compile with a backend that only records what it is given."""
+    graphs: list[Captured] = []
+
+    def record(graph: fx.GraphModule, inputs: list):
+        graphs.append(Captured(graph, list(inputs)))
+        return graph.forward
+
+    with torch.inference_mode():
+        torch.compile(model, backend=record, dynamic=False)(*example_inputs)
+    return graphs
+
+
+def example_value(node: fx.Node, captured: Captured):
+    """The tensor (real for placeholders, fake elsewhere) a node stood for when the graph was traced."""
+    if node.op == "placeholder":
+        return captured.placeholder_values[node]
+    if node.op == "get_attr":
+        value = captured.graph
+        for part in node.target.split("."):
+            value = getattr(value, part)
+        return value
+    return node.meta.get("example_value")

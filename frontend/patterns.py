@@ -1,0 +1,220 @@
+"""Which parts of a captured graph become tensortune workloads.
+
+linear (+ a following relu or gelu that nothing else reads) → dense; a 2-D matmul → matmul; 3-D and
+4-D matmul / bmm with equal batch dimensions → batch_matmul (batch × heads flattened); conv2d with an
+eval-mode BatchNorm folded in, then a residual add and a relu → conv2d. Everything else stays in
+PyTorch. A match names the graph nodes it replaces, the activations its kernel takes at run time, and
+the weights it binds once (BatchNorm already folded into them).
+"""
+from __future__ import annotations
+
+import operator
+import re
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from search_space import Workload, WorkloadError
+
+from .capture import Captured, example_value
+
+
+LINEAR = {F.linear, torch._C._nn.linear}
+MATMUL = {torch.matmul, operator.matmul, torch.bmm, torch.mm}
+CONV = {F.conv2d, torch.conv2d}
+BATCH_NORM = {F.batch_norm}
+ADD = {operator.add, torch.add, operator.iadd}
+RELU = {F.relu, torch.relu, torch.relu_}
+GELU = {F.gelu, torch._C._nn.gelu}
+
+
+class VaryingShape(ValueError):
+    """An operand whose size changes between calls (Dynamo traced it with symbolic sizes)."""
+
+
+def module_path(node: fx.Node) -> str:
+    """The module that produced a node, as the model names it ("" for the model's own code)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    path = next(reversed(stack.values()))[0] if stack else ""
+    return re.sub(r"^L\['\w+'\]\.?", "", path)  # Dynamo's name for the compiled object itself
+
+
+def op_name(node: fx.Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+
+
+@dataclass
+class Scan:
+    """A graph being searched, and the nodes earlier matches already compute."""
+
+    captured: Captured
+    taken: set = field(default_factory=set)
+
+
+@dataclass
+class Match:
+    """A chain of graph nodes one kernel computes: `nodes[-1]` is its result."""
+
+    workload: Workload
+    nodes: list[fx.Node]
+    activations: list[fx.Node]  # the kernel's non-weight inputs, in its order
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    shape: tuple[int, ...] = ()  # the result's shape in the model (dense and batch_matmul flatten leading dims)
+
+    @property
+    def path(self) -> str:
+        return module_path(self.nodes[0])
+
+
+def calls(node: fx.Node, targets: set, methods: tuple[str, ...] = ()) -> bool:
+    return (node.op == "call_function" and node.target in targets) or (node.op == "call_method" and node.target in methods)
+
+
+def shape_of(node: fx.Node, captured: Captured) -> tuple[int, ...] | None:
+    """The static float32 shape of a node's value, or None (another dtype, or a shape that varies: Dynamo
+    traced it with symbolic sizes, after seeing it change)."""
+    if not isinstance(node, fx.Node):
+        return None
+    value = node.meta.get("example_value", example_value(node, captured))
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
+        return None
+    if not all(isinstance(d, int) for d in value.shape):
+        raise VaryingShape(f"its operand {node.name} changes size between calls ({tuple(value.shape)})")
+    return tuple(value.shape)
+
+
+def constant(node, captured: Captured) -> np.ndarray | None:
+    """A parameter or buffer the graph reads (a placeholder or attribute holding a real tensor), as NumPy."""
+    if not isinstance(node, fx.Node) or node.op not in ("placeholder", "get_attr"):
+        return None
+    value = example_value(node, captured)
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or isinstance(value, torch._subclasses.FakeTensor):
+        return None
+    return value.detach().contiguous().numpy()
+
+
+def sole_user(node: fx.Node, scan: Scan, targets: set, methods: tuple[str, ...] = ()) -> fx.Node | None:
+    """The node's only reader when it is one of `targets` and no earlier match took it: then the
+    intermediate may be fused away."""
+    users = list(node.users)
+    if len(users) != 1 or not calls(users[0], targets, methods) or users[0] in scan.taken:
+        return None
+    return users[0]
+
+
+def activation_epilogue(node: fx.Node, scan: Scan) -> tuple[str, fx.Node | None]:
+    """A relu or gelu that alone reads `node`: its epilogue name (gelu's exact form or its tanh form)."""
+    user = sole_user(node, scan, RELU, ("relu",))
+    if user is not None:
+        return "relu", user
+    user = sole_user(node, scan, GELU)
+    if user is not None:
+        approximate = user.kwargs.get("approximate", user.args[1] if len(user.args) > 1 else "none")
+        return ("gelu" if approximate == "tanh" else "gelu_erf"), user
+    return "none", None
+
+
+def match_linear(node: fx.Node, scan: Scan) -> Match | None:
+    captured = scan.captured
+    x = node.args[0]
+    weight = constant(node.args[1], captured)
+    bias_node = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    bias = constant(bias_node, captured) if bias_node is not None else None
+    shape = shape_of(x, captured)
+    if weight is None or shape is None or len(shape) < 2 or (bias_node is not None and bias is None):
+        return None
+    epilogue, activation = activation_epilogue(node, scan)
+    m = int(np.prod(shape[:-1]))
+    workload = Workload.make("dense", M=m, N=weight.shape[0], K=shape[-1], bias=bias is not None, epilogue=epilogue)
+    weights = {"W": weight} | ({"bias": bias} if bias is not None else {})
+    return Match(workload, [node] + ([activation] if activation else []), [x], weights, shape[:-1] + (weight.shape[0],))
+
+
+def match_matmul(node: fx.Node, scan: Scan) -> Match | None:
+    captured = scan.captured
+    a, b = node.args[:2]
+    left, right = shape_of(a, captured), shape_of(b, captured)
+    if left is None or right is None or len(left) != len(right) or len(left) not in (2, 3, 4) or left[-1] != right[-2]:
+        return None
+    if left[:-2] != right[:-2]:
+        return None  # broadcast batch dimensions stay in PyTorch
+    (m, k), n = left[-2:], right[-1]
+    if len(left) == 2:
+        return Match(Workload.make("matmul", M=m, N=n, K=k), [node], [a, b], shape=(m, n))
+    batch = int(np.prod(left[:-2]))
+    return Match(Workload.make("batch_matmul", B=batch, M=m, N=n, K=k), [node], [a, b], shape=left[:-2] + (m, n))
+
+
+def match_conv2d(node: fx.Node, scan: Scan) -> Match | None:
+    captured = scan.captured
+    args = list(node.args) + [None] * (7 - len(node.args))
+    x, weight_node, bias_node, stride, padding, dilation, groups = args[:7]
+    stride, padding = node.kwargs.get("stride", stride or 1), node.kwargs.get("padding", padding or 0)
+    dilation, groups = node.kwargs.get("dilation", dilation or 1), node.kwargs.get("groups", groups or 1)
+    weight, shape = constant(weight_node, captured), shape_of(x, captured)
+    bias = constant(bias_node, captured) if bias_node is not None else None
+    square = lambda v: v if isinstance(v, int) else (v[0] if len(set(v)) == 1 else None)
+    stride, padding, dilation = square(stride), square(padding), square(dilation)
+    if weight is None or shape is None or len(shape) != 4 or None in (stride, padding) or dilation != 1 or groups != 1:
+        return None
+    nodes = [node]
+    norm = sole_user(node, scan, BATCH_NORM)
+    folded = fold_batch_norm(norm, weight, bias, captured) if norm is not None else None
+    if folded is not None:
+        (weight, bias), nodes = folded, nodes + [norm]
+    residual = None
+    add = sole_user(nodes[-1], scan, ADD, ("add", "__add__"))
+    if add is not None:
+        other = add.args[1] if add.args[0] is nodes[-1] else add.args[0]
+        if isinstance(other, fx.Node) and shape_of(other, captured) == shape_of(nodes[-1], captured):
+            nodes.append(add)
+            residual = other
+    relu = sole_user(nodes[-1], scan, RELU, ("relu",))
+    nodes += [relu] if relu is not None else []
+    k, c, r, s = weight.shape
+    workload = Workload.make("conv2d", N=shape[0], C=c, H=shape[2], W=shape[3], K=k, R=r, S=s, stride=stride,
+                             pad=padding, bias=bias is not None, residual=residual is not None,
+                             epilogue="relu" if relu is not None else "none")
+    weights = {"weight": np.ascontiguousarray(weight)} | ({"bias": bias} if bias is not None else {})
+    return Match(workload, nodes, [x] + ([residual] if residual is not None else []), weights, workload.output_shape)
+
+
+def fold_batch_norm(node: fx.Node, weight: np.ndarray, bias: np.ndarray | None, captured: Captured):
+    """(weight, bias) of the convolution with an inference-mode BatchNorm folded in; None when it cannot be."""
+    args = list(node.args) + [None] * (8 - len(node.args))
+    mean, var, gamma, beta = (constant(args[i] if args[i] is not None else node.kwargs.get(name), captured)
+                              for i, name in ((1, "running_mean"), (2, "running_var"), (3, "weight"), (4, "bias")))
+    training, eps = node.kwargs.get("training", args[5]), node.kwargs.get("eps", args[7] if args[7] is not None else 1e-5)
+    if training or mean is None or var is None:
+        return None
+    scale = (gamma if gamma is not None else 1.0) / np.sqrt(var + np.float32(eps))
+    shift = (beta if beta is not None else 0.0) - mean * scale
+    folded_bias = (bias if bias is not None else 0.0) * scale + shift
+    return (weight * scale[:, None, None, None]).astype(np.float32), np.asarray(folded_bias, np.float32)
+
+
+MATCHERS = ((LINEAR, (), match_linear), (MATMUL, ("matmul", "bmm", "__matmul__"), match_matmul), (CONV, (), match_conv2d))
+
+
+def find_matches(captured: Captured) -> list[Match]:
+    """Every node chain of the graph a tensortune kernel computes, in graph order."""
+    found, scan = [], Scan(captured)
+    for node in captured.graph.graph.nodes:
+        if node in scan.taken:
+            continue
+        for targets, methods, matcher in MATCHERS:
+            if calls(node, targets, methods):
+                try:
+                    match = matcher(node, scan)
+                except (WorkloadError, VaryingShape) as error:  # PyTorch runs it; said once per op and reason
+                    warnings.warn(f"{module_path(node) or node.name} ({op_name(node)}) runs in PyTorch: {error}")
+                    match = None
+                if match is not None:
+                    found.append(match)
+                    scan.taken.update(match.nodes)
+                break
+    return found

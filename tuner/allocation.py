@@ -1,0 +1,103 @@
+"""Which task of a model gets the next batch of trials: pure functions of the tasks' histories, so that a
+strategy can be tested, and compared, on made-up latency curves without measuring anything.
+
+"gradient" is Ansor's task scheduler (Zheng et al., OSDI'20, section 6), simplified: the model's latency is
+L = Σ weight_i × seconds_i, so the task to tune next is the one whose next trials are expected to cut
+weight_i × seconds_i the most. "round-robin" gives the tasks batches in turn, the baseline it is measured
+against. Both first give every task one batch (the warm-up), since nothing is known of a task before it.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+STRATEGIES = ("gradient", "round-robin")
+ALPHA = 0.2  # weight of the observed rate of improvement against the optimistic one (Ansor's α)
+BETA = 2.0  # a task is expected to reach at least 1/β of the throughput of its best similar task (Ansor's β)
+WINDOW = 3  # batches over which the observed rate is taken (Ansor's backward window Δt)
+SIMILAR_FLOPS = 4.0  # shapes of one op within this factor of FLOPs reach comparable throughput
+EPSILON = 0.05  # share of picks made at random: no task starves on a gain estimated too low
+
+
+@dataclass(frozen=True)
+class TaskHistory:
+    """What the scheduler knows of a task: its op and FLOPs (which tasks are similar), its weight (runs per
+    forward pass), its best seconds after each of its trials (inf until its first ok measurement), and
+    whether its search space has nothing left to measure."""
+
+    op: str
+    flops: int
+    weight: int
+    best: tuple[float, ...] = ()
+    exhausted: bool = False
+
+    @property
+    def trials(self) -> int:
+        return len(self.best)
+
+    @property
+    def seconds(self) -> float:
+        return self.best[-1] if self.best else math.inf
+
+
+def estimated_seconds(histories: Sequence[TaskHistory]) -> list[float]:
+    """Each task's best seconds; one with no ok measurement yet is taken to run at the slowest throughput
+    of the tasks measured (large, but finite, so it neither blocks the estimate nor takes the whole
+    budget when nothing of it ever works); inf while no task has an ok measurement."""
+    known = [h.flops / h.seconds for h in histories if math.isfinite(h.seconds)]
+    slowest = min(known, default=0.0)
+    return [h.seconds if math.isfinite(h.seconds) else (h.flops / slowest if slowest else math.inf)
+            for h in histories]
+
+
+def model_latency(histories: Sequence[TaskHistory]) -> float:
+    """The model's estimated latency in seconds: Σ weight × (estimated) best seconds."""
+    return sum(h.weight * seconds for h, seconds in zip(histories, estimated_seconds(histories)))
+
+
+def observed_rate(best: Sequence[float], span: int) -> float:
+    """Seconds per trial by which the best fell over the last `span` trials (counted from the first ok
+    trial when that is later); 0 with fewer than two trials to compare."""
+    first = next((i for i, seconds in enumerate(best) if math.isfinite(seconds)), len(best))
+    then, now = max(len(best) - 1 - span, first), len(best) - 1
+    return (best[then] - best[now]) / (now - then) if then < now else 0.0
+
+
+def gains(histories: Sequence[TaskHistory], batch: int) -> list[float]:
+    """Per task, the expected cut of the model's latency per trial spent on it next (Ansor's gradient,
+    sign flipped): weight × (α × the rate observed over the last WINDOW batches + (1 − α) × an optimistic
+    rate). The optimistic rate is the larger of seconds / trials (the best keeps falling as fast as it has
+    on average since the first trial) and, spread over one batch, the gap to 1/β of the throughput of the
+    best similar task (same op, FLOPs within SIMILAR_FLOPS×): a task far slower than shapes like it has
+    the most room. A task whose latency is not known at all gains inf."""
+    seconds = estimated_seconds(histories)
+    found = []
+    for h, now in zip(histories, seconds):
+        if not math.isfinite(now):
+            found.append(math.inf)
+            continue
+        peers = [p.flops / s for p, s in zip(histories, seconds) if p.op == h.op and math.isfinite(s)
+                 and max(p.flops, h.flops) <= SIMILAR_FLOPS * min(p.flops, h.flops)]
+        reachable = BETA * h.flops / max(peers)
+        optimistic = max(now / max(h.trials, 1), (now - reachable) / batch)
+        found.append(h.weight * (ALPHA * observed_rate(h.best, WINDOW * batch) + (1 - ALPHA) * optimistic))
+    return found
+
+
+def next_task(histories: Sequence[TaskHistory], strategy: str, batch: int, rng: random.Random) -> int | None:
+    """The index of the task to give the next batch, None when every task's space is exhausted: first each
+    untried task in order (the warm-up); then under "round-robin" the task with the fewest trials (the
+    first of those), under "gradient" one at random with probability EPSILON, else the largest gain (on a
+    tie, the task with fewer trials)."""
+    open_tasks = [i for i, h in enumerate(histories) if not h.exhausted]
+    untried = [i for i in open_tasks if not histories[i].trials]
+    if not open_tasks or untried:
+        return untried[0] if untried else None
+    if strategy == "round-robin":
+        return min(open_tasks, key=lambda i: histories[i].trials)
+    if rng.random() < EPSILON:
+        return rng.choice(open_tasks)
+    gain = gains(histories, batch)
+    return max(open_tasks, key=lambda i: (gain[i], -histories[i].trials))
