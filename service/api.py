@@ -3,28 +3,31 @@ over one database and, when given, starts and stops the job runner with the app.
 from __future__ import annotations
 
 import hmac
+import math
 import socket
 from collections import Counter
 from contextlib import asynccontextmanager
 from pathlib import Path as FilePath
 
 import numpy as np
-from fastapi import Depends, FastAPI, HTTPException, Path, Query
-from fastapi.responses import HTMLResponse
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
-from db import Database, Job
+from db import Database, Job, Record
+from db.outage import unavailable
 from db.queue import JobQueue
-from search_space import Workload, WorkloadError, format_program, host_target, lower
+from search_space import NoTemplate, Workload, WorkloadError, format_program, get_space, host_target, lower
 from search_space.workload import OPS
+from tuner.allocation import TaskHistory, model_latency
 
 from .api_models import (MAX_TRIALS, JobDetail, JobIn, JobOut, OpOut, RecordOut, ReferenceOut, RunnerOut, WorkersOut,
                          WorkloadsOut, parse_target)
 from .numpy_reference import NumpyReference
 from .ray_nodes import ray_nodes
-from .runner import Runner
+from .runner import ModelsNeedTorch, Runner, UnknownPreset, preset_tasks
 
 JobId = Path(ge=1, le=2**31 - 1)
 STATIC = FilePath(__file__).parent / "static"
@@ -35,7 +38,85 @@ def job_out(job: Job, progress: tuple[int, float] | None) -> dict:
     return {"id": job.id, "workload": job.workload.key, "op": job.workload.op, "params": job.workload.p,
             "target": str(job.target), "tuner": job.tuner, "trials": job.trials, "status": job.status,
             "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at,
-            "error": job.error, "trials_done": done, "best_gflops": best or None}
+            "error": job.error, "trials_done": done, "best_gflops": None if job.model else (best or None),
+            "model": job.model, "parent_id": job.parent_id}
+
+
+def measured_out(records: list[Record]) -> dict:
+    return {"candidates": [{"gflops": r.result.gflops, "outcome": r.result.outcome.value} for r in records],
+            "outcomes": Counter(r.result.outcome.value for r in records)}
+
+
+def single_detail(job: Job, records: list[Record]) -> dict:
+    """A single job's curve of best GFLOPS, its candidates and its best config so far."""
+    gflops = [r.result.gflops for r in records]
+    best = max(records, key=lambda r: r.result.gflops if r.result.ok else -1.0, default=None)
+    best_ok = best if best is not None and best.result.ok else None
+    return {**job_out(job, (len(records), max(gflops, default=0.0))), **measured_out(records),
+            "curve": np.maximum.accumulate(gflops).tolist() if gflops else [],
+            "best_config": {"index": best_ok.input.config.index, "knobs": best_ok.input.config.to_dict()}
+            if best_ok else None,
+            "best_program": format_program(lower(job.workload, job.target, best_ok.input.config)) if best_ok else None}
+
+
+def model_detail(job: Job, tasks: list[Job], records: dict[int, list[Record]]) -> dict:
+    """A model job's tasks and its estimated latency after each trial, over every task's candidates in the
+    order they were measured."""
+    known = preset_weights(job.model)
+    weights = [known.get(task.workload) for task in tasks]
+    measured = sorted((record for task in tasks for record in records[task.id]), key=lambda record: record.id)
+    curve = latency_curve(tasks, weights, measured) if None not in weights else []
+    return {**job_out(job, (len(measured), 0.0)), **measured_out(measured), "curve": [], "best_config": None,
+            "best_program": None, "latency_curve": curve, "latency_ms": curve[-1] if curve else None,
+            "tasks": [task_out(task, weight, records[task.id]) for task, weight in zip(tasks, weights)]}
+
+
+def preset_weights(model: str | None) -> dict[Workload, int]:
+    """Each task's weight, from the preset's tasks; none where they cannot be extracted (no PyTorch here, or
+    a model job `tensortune tune-model` made of a file)."""
+    try:
+        return {task.workload: task.weight for task in preset_tasks(model)}
+    except (ModelsNeedTorch, UnknownPreset):
+        return {}
+
+
+def task_out(task: Job, weight: int | None, records: list[Record]) -> dict:
+    ok = [record.result for record in records if record.result.ok]
+    return {"job_id": task.id, "workload": task.workload.key, "weight": weight, "trials_done": len(records),
+            "best_gflops": max((result.gflops for result in ok), default=None),
+            "best_seconds": min((result.median for result in ok), default=None)}
+
+
+def latency_curve(tasks: list[Job], weights: list[int], measured: list[Record]) -> list[float | None]:
+    """The model's estimated latency in ms after each of `measured` (its tasks' records, in measurement
+    order): allocation.model_latency over each task's best seconds by then (the latest best of a task's
+    history is all the estimate reads); None before any ok record."""
+    position = {task.id: i for i, task in enumerate(tasks)}
+    best = [math.inf] * len(tasks)
+    curve: list[float | None] = []
+    for record in measured:
+        i = position[record.job_id]
+        if record.result.ok:
+            best[i] = min(best[i], record.result.median)
+        latency = model_latency([TaskHistory(task.workload.op, task.workload.flops, weight, (seconds,))
+                                 for task, weight, seconds in zip(tasks, weights, best)])
+        curve.append(latency * 1e3 if math.isfinite(latency) else None)
+    return curve
+
+
+def create_model_job(database: Database, request: JobIn) -> int:
+    """A queued model job and its tasks' jobs. The preset's tasks are extracted now, so that a model nothing
+    could tune is refused (422), as is one where no model can be tuned (501: no PyTorch)."""
+    try:
+        tasks = preset_tasks(request.model.name)
+        for task in tasks:
+            get_space(task.workload, request.target)
+    except (UnknownPreset, NoTemplate) as error:
+        raise HTTPException(422, str(error)) from None
+    except ModelsNeedTorch as error:
+        raise HTTPException(501, str(error)) from None
+    return database.create_model_job(request.model.name, [task.workload for task in tasks], request.target,
+                                     request.tuner, request.trials)
 
 
 def bearer(token: str | None):
@@ -59,6 +140,15 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
             runner.close()
 
     app = FastAPI(title="tensortune", version="0.1.0", lifespan=lifespan)
+
+    @app.exception_handler(DBAPIError)
+    async def database_away(_: Request, error: DBAPIError):
+        """An outage is a 503 that says so (the request may be repeated); any other database error is ours."""
+        reason = unavailable(error)
+        if reason is None:
+            raise error
+        return JSONResponse({"detail": f"the database is unavailable, try again shortly: {reason}"}, status_code=503,
+                            headers={"Retry-After": "5"})
     queue = JobQueue(database)
     reference = NumpyReference()
     writer = [Depends(bearer(token))]
@@ -69,9 +159,13 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
         except KeyError:
             raise HTTPException(404, f"no job {job_id}") from None
 
-    @app.post("/api/jobs", status_code=201, response_model=JobOut, dependencies=writer)
+    @app.post("/api/jobs", status_code=201, response_model=JobOut, dependencies=writer,
+              responses={501: {"description": "a model job, and this service has no PyTorch"}})
     def submit(request: JobIn):
-        job_id = database.create_job(request.workload.workload(), request.target, request.tuner, request.trials)
+        if request.model is not None:
+            job_id = create_model_job(database, request)
+        else:
+            job_id = database.create_job(request.workload.workload(), request.target, request.tuner, request.trials)
         return job_out(database.job(job_id), None)
 
     @app.get("/api/jobs", response_model=list[JobOut])
@@ -83,18 +177,10 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
     @app.get("/api/jobs/{job_id}", response_model=JobDetail, responses={404: {"description": "no such job"}})
     def job(job_id: int = JobId):
         found = known(job_id)
-        records = database.job_records(job_id)
-        gflops = [r.result.gflops for r in records]
-        best = max(records, key=lambda r: r.result.gflops if r.result.ok else -1.0, default=None)
-        best_ok = best if best is not None and best.result.ok else None
-        return {**job_out(found, (len(records), max(gflops, default=0.0))),
-                "curve": np.maximum.accumulate(gflops).tolist() if gflops else [],
-                "candidates": [{"gflops": r.result.gflops, "outcome": r.result.outcome.value} for r in records],
-                "outcomes": Counter(r.result.outcome.value for r in records),
-                "best_config": {"index": best_ok.input.config.index, "knobs": best_ok.input.config.to_dict()}
-                if best_ok else None,
-                "best_program": format_program(lower(found.workload, found.target, best_ok.input.config))
-                if best_ok else None}
+        tasks = database.children(job_id)
+        if tasks:
+            return model_detail(found, tasks, {task.id: database.job_records(task.id) for task in tasks})
+        return single_detail(found, database.job_records(job_id))
 
     @app.get("/api/jobs/{job_id}/reference", response_model=ReferenceOut, responses={404: {"description": "no such job"}})
     def numpy_reference(job_id: int = JobId):
@@ -105,9 +191,12 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
                 "numpy_gflops": reference.gflops(found.workload, threads)}
 
     @app.post("/api/jobs/{job_id}/cancel", response_model=JobOut, dependencies=writer,
-              responses={404: {"description": "no such job"}, 409: {"description": "the job has finished"}})
+              responses={404: {"description": "no such job"},
+                         409: {"description": "the job has finished, or is a model job's task"}})
     def cancel(job_id: int = JobId):
-        known(job_id)
+        """Cancel a job; a model job with its tasks' jobs."""
+        if (parent := known(job_id).parent_id) is not None:
+            raise HTTPException(409, f"job {job_id} is a task of model job {parent}: cancel that one")
         found = queue.cancel(job_id)
         if found.status != "cancelled":
             raise HTTPException(409, f"job {job_id} is already {found.status}")
@@ -142,10 +231,9 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
                             for s in slots],
                 "ray_nodes": ray_nodes()}
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={503: {"description": "the database is unavailable; the reason says why"}})
     def healthz():
-        with database.read_engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
+        database.ping()
         return {"status": "ok", "database": str(database), "max_trials": MAX_TRIALS}
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

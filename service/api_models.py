@@ -7,7 +7,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from search_space import Target, TargetError, Workload, WorkloadError
+from search_space import NoTemplate, Target, TargetError, Workload, WorkloadError, get_space
 
 TunerName = Literal["xgb", "random", "grid", "ga"]
 MAX_TRIALS = 100_000
@@ -29,16 +29,35 @@ class WorkloadIn(BaseModel):
         return self
 
 
+class ModelIn(BaseModel):
+    name: str = Field(min_length=1, max_length=128, examples=["bert-layer"],
+                      description="a preset: bert-layer, bert-base or resnet18")
+
+
 class JobIn(BaseModel):
-    workload: WorkloadIn
+    workload: Optional[WorkloadIn] = None
+    model: Optional[ModelIn] = Field(None, description="a model tuned as a whole: one job per task, one budget")
     target: str = Field("llvm", max_length=256, examples=["llvm -threads=1"])
-    trials: int = Field(64, ge=1, le=MAX_TRIALS)
+    trials: int = Field(64, ge=1, le=MAX_TRIALS, description="the budget; a model job's, over all its tasks")
     tuner: TunerName = "xgb"
 
     @field_validator("target")
     @classmethod
     def _target(cls, text: str) -> str:
         return str(parse_target(text))
+
+    @model_validator(mode="after")
+    def _tunable(self) -> JobIn:
+        """One thing to tune; a workload nothing could tune is refused now, not failed later (a model's tasks
+        are checked when its job is made, service/api.py)."""
+        if (self.workload is None) == (self.model is None):
+            raise ValueError("a job tunes a workload or a model: give exactly one of the two")
+        if self.workload is not None:
+            try:
+                get_space(self.workload.workload(), self.target)
+            except NoTemplate as error:
+                raise ValueError(str(error)) from None
+        return self
 
 
 def parse_target(text: str) -> Target:
@@ -61,8 +80,11 @@ class JobOut(BaseModel):
     started_at: Optional[datetime]
     finished_at: Optional[datetime]
     error: str
-    trials_done: int
-    best_gflops: Optional[float] = Field(description="best GFLOPS measured so far; null before any ok candidate")
+    trials_done: int = Field(description="candidates measured so far; a model job's over all its tasks")
+    best_gflops: Optional[float] = Field(description="best GFLOPS measured so far; null before any ok candidate, "
+                                                     "and for a model job (its tasks' are in its detail)")
+    model: Optional[str] = Field(None, description="a model job's name; its workload is its first task's")
+    parent_id: Optional[int] = Field(None, description="the model job of a task's job (listed in that job's tasks)")
 
 
 class CandidateOut(BaseModel):
@@ -70,12 +92,26 @@ class CandidateOut(BaseModel):
     outcome: str
 
 
+class TaskOut(BaseModel):
+    job_id: int
+    workload: str
+    weight: Optional[int] = Field(description="runs per forward pass; null where the preset cannot be extracted")
+    trials_done: int
+    best_gflops: Optional[float] = Field(description="null before any ok candidate")
+    best_seconds: Optional[float] = Field(description="median seconds of the fastest ok candidate")
+
+
 class JobDetail(JobOut):
-    curve: list[float] = Field(description="best GFLOPS after each trial")
+    curve: list[float] = Field(description="best GFLOPS after each trial (empty for a model job)")
     candidates: list[CandidateOut] = Field(description="every measured candidate, in trial order")
     outcomes: dict[str, int] = Field(description="candidates per measurement outcome")
     best_config: Optional[dict] = Field(description="{index, knobs} of the best config so far")
     best_program: Optional[str] = Field(description="the best config's lowered loop nest")
+    tasks: list[TaskOut] = Field([], description="a model job's tasks, most weighted work first")
+    latency_curve: list[Optional[float]] = Field(
+        [], description="a model job's estimated latency in ms (Σ weight × best seconds) after each trial; "
+                        "null before its first ok candidate, empty when its tasks' weights are unknown")
+    latency_ms: Optional[float] = Field(None, description="a model job's estimated latency now")
 
 
 class ReferenceOut(BaseModel):

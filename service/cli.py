@@ -5,21 +5,19 @@ import sys
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from search_space import InvalidConfig, NoTemplate
 
-from .cli_args import parse_target, parse_workload
+from .cli_args import OP_ARGUMENT, console, parse_target, parse_workload
 
 app = typer.Typer(help="tensortune: autotuning of tensor kernels", no_args_is_help=True, add_completion=False)
 bench_app = typer.Typer(help="Benchmarks that print ratios against references measured in the same run",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
-console = Console(stderr=True)
 
 
 @app.command()
-def show(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
+def show(op: str = OP_ARGUMENT,
          params: List[str] = typer.Argument(..., help="NAME=VALUE parameters, e.g. M=64 N=64 K=64"),
          config: Optional[int] = typer.Option(None, "--config", help="config index (default: the fallback config)"),
          target: str = typer.Option("llvm", "--target"),
@@ -85,6 +83,7 @@ def bench_transfer(trials: int = typer.Option(64, "--trials", min=8, help="measu
 
 
 # Commands of other modules; imported here, after `app` and the helpers they use exist.
+from .cli_model import register as _register_model  # noqa: E402
 from .cli_records import register as _register_records  # noqa: E402
 from .cli_serve import register as _register_serve  # noqa: E402
 from .cli_server import register as _register_server  # noqa: E402
@@ -94,6 +93,7 @@ _register_records(app)
 _register_tune(app)
 _register_serve(app)
 _register_server(app)
+_register_model(app, bench_app)
 
 
 def main() -> None:

@@ -4,9 +4,13 @@ from __future__ import annotations
 from typing import List
 
 import typer
+from rich.console import Console
 
 from search_space import Target, TargetError, Workload, WorkloadError
-from search_space.workload import parse_params
+from search_space.workload import OPS, parse_params
+
+console = Console(stderr=True, soft_wrap=True)  # the CLI's messages: one line each, never broken at the width
+OP_ARGUMENT = typer.Argument(..., help=" | ".join(OPS))
 
 
 def parse_workload(op: str, params: List[str]) -> Workload:

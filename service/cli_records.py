@@ -11,13 +11,11 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from db import Database, Record, export_log, import_log, upgrade
 
-from .cli_args import parse_target, parse_workload
+from .cli_args import OP_ARGUMENT, console, parse_target, parse_workload
 
-console = Console(stderr=True, soft_wrap=True)
 DB_HELP = "SQLAlchemy URL or SQLite file (default: $TENSORTUNE_DB, else ./tensortune.db)"
 
 
@@ -49,7 +47,7 @@ def _print_best(info: dict) -> None:
           f"{info['measurements']} of this workload on this target")
 
 
-def best(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
+def best(op: str = OP_ARGUMENT,
          params: List[str] = typer.Argument(..., help="NAME=VALUE parameters, e.g. M=64 N=64 K=64"),
          target: str = typer.Option("llvm", "--target", help="llvm (this CPU), llvm -threads=1, cuda ..."),
          db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from typing import Optional
 
@@ -35,6 +36,10 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"),
     token = os.environ.get("TENSORTUNE_TOKEN") or None
     if not token and not is_loopback(host):
         raise typer.BadParameter(f"refusing to listen on {host} without TENSORTUNE_TOKEN set", param_hint="--host")
+    said = logging.StreamHandler()  # what the runners wait for and why jobs failed, beside uvicorn's lines
+    said.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("tensortune").addHandler(said)
+    logging.getLogger("tensortune").setLevel(logging.INFO)
     database = Database(db)
     runner = Runner(database, RunnerOptions(threads=runners, workers=workers))
     uvicorn.run(create_app(database, runner, token), host=host, port=port, log_level="info")

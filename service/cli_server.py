@@ -8,9 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .cli_args import parse_workload
+from .cli_args import OP_ARGUMENT, console, parse_workload
 
-console = Console(stderr=True)
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 ServerOption = typer.Option(None, "--server", help=f"URL of tensortune serve (default: TENSORTUNE_SERVER or {DEFAULT_SERVER})")
 
@@ -34,26 +33,34 @@ def request(server: Optional[str], method: str, path: str, **kwargs) -> dict | l
     return response.json()
 
 
-def submit(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
-           params: List[str] = typer.Argument(..., help="NAME=VALUE parameters"),
+def submit(op: Optional[str] = typer.Argument(None, help=f"{OP_ARGUMENT.help} (or --model)"),
+           params: Optional[List[str]] = typer.Argument(None, help="NAME=VALUE parameters"),
+           model: Optional[str] = typer.Option(None, "--model", help="a model preset to tune as a whole: "
+                                                                      "bert-layer, bert-base or resnet18"),
            target: str = typer.Option("llvm", "--target"),
-           trials: int = typer.Option(64, "--trials", min=1, max=100_000),
+           trials: int = typer.Option(64, "--trials", min=1, max=100_000, help="the budget; a model's, over its tasks"),
            tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
            server: Optional[str] = ServerOption):
-    """Queue a tuning job on the server; prints its id."""
-    workload = parse_workload(op, params)
-    job = request(server, "POST", "/api/jobs", json={"workload": {"op": workload.op, "params": workload.p},
-                                                      "target": target, "trials": trials, "tuner": tuner})
+    """Queue a tuning job of a workload, or of a whole model, on the server; prints its id."""
+    if (op is None) == (model is None):
+        raise typer.BadParameter("give OP with its parameters, or --model NAME: exactly one of the two",
+                                 param_hint="OP / --model")
+    if model is None:
+        workload = parse_workload(op, params or [])
+        tuned = {"workload": {"op": workload.op, "params": workload.p}}
+    else:
+        tuned = {"model": {"name": model}}
+    job = request(server, "POST", "/api/jobs", json=tuned | {"target": target, "trials": trials, "tuner": tuner})
     print(job["id"])
 
 
 def jobs(server: Optional[str] = ServerOption, limit: int = typer.Option(50, "--limit", min=1, max=1000)):
-    """The server's newest jobs with their progress."""
-    table = Table("id", "workload", "tuner", "status", "trials", "best GFLOPS", "error")
+    """The server's newest jobs with their progress (a model job's over all its tasks)."""
+    table = Table("id", "workload or model", "tuner", "status", "trials", "best GFLOPS", "error")
     for job in request(server, "GET", "/api/jobs", params={"limit": limit}):
         best = f"{job['best_gflops']:.1f}" if job["best_gflops"] else "-"
-        table.add_row(str(job["id"]), job["workload"], job["tuner"], job["status"],
-                      f"{job['trials_done']}/{job['trials']}", best, job["error"][:60])
+        table.add_row(str(job["id"]), f"model {job['model']}" if job["model"] else job["workload"], job["tuner"],
+                      job["status"], f"{job['trials_done']}/{job['trials']}", best, job["error"][:60])
     Console().print(table)
 
 

@@ -6,13 +6,10 @@ from collections import Counter
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .cli_args import parse_target, parse_workload
+from .cli_args import OP_ARGUMENT, console, parse_target, parse_workload
 from .runner import make_measurer
-
-console = Console(stderr=True)
 
 
 def compare_with_numpy(workload, target, config) -> tuple[float, float]:
@@ -27,7 +24,7 @@ def compare_with_numpy(workload, target, config) -> tuple[float, float]:
     return workload.flops / seconds["tensortune"] / 1e9, workload.flops / seconds["numpy"] / 1e9
 
 
-def tune(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
+def tune(op: str = OP_ARGUMENT,
          params: List[str] = typer.Argument(..., help="NAME=VALUE parameters"),
          target: str = typer.Option("llvm", "--target"),
          trials: int = typer.Option(64, "--trials", min=1, max=100_000),
@@ -39,12 +36,19 @@ def tune(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
     """Tune a workload; every measurement goes to the database; rerun the same command to resume."""
     from db import Database
     from db.queue import JobBusy
+    from search_space import NoTemplate, get_space
     from tuner import TUNERS
+    from tuner.tune import JobFailed
     from tuner.tune import tune as run_tune
 
     workload, target_ = parse_workload(op, params), parse_target(target)
     if tuner not in TUNERS:
         raise typer.BadParameter(f"unknown tuner {tuner!r}; tuners: {', '.join(TUNERS)}")
+    try:
+        get_space(workload, target_)
+    except NoTemplate as error:
+        console.print(f"[red]error:[/red] {error}", highlight=False)
+        raise typer.Exit(2)
     database = Database(db)
     job = database.unfinished_job(workload, target_, tuner, trials)
     resumed = len(database.job_records(job.id)) if job else 0
@@ -63,14 +67,18 @@ def tune(op: str = typer.Argument(..., help="matmul, dense or batch_matmul"),
             outcomes = " ".join(f"{name}:{n}" for name, n in sorted(counts.items()))
             progress.update(bar, advance=1, status=f"now {result.gflops:6.1f}  best {best[0]:6.1f} GFLOPS  {outcomes}")
 
+        def on_wait(message: str) -> None:
+            progress.console.print(f"[yellow]{message}[/yellow]", highlight=False)
+            progress.update(bar, status="[yellow]waiting for the database[/yellow]")
+
         measurer = make_measurer(workers)
         try:
             result = run_tune(workload, target_, trials, tuner, database, measurer,
-                              early_stopping=early_stopping, seed=seed, on_result=on_result)
+                              early_stopping=early_stopping, seed=seed, on_result=on_result, on_wait=on_wait)
         except KeyboardInterrupt:
             console.print("interrupted: run the same command again to resume")
             raise typer.Exit(130)
-        except JobBusy as error:
+        except (JobBusy, JobFailed) as error:
             console.print(f"[red]{error}[/red]", highlight=False)
             raise typer.Exit(1)
         finally:

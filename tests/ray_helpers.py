@@ -9,25 +9,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+
+from tests.serve_helpers import free_port, wait_for
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(check, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def listening(port: int) -> bool:

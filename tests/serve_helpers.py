@@ -15,10 +15,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(url: str, port: int, env: dict) -> subprocess.Popen:
-    """The server in its own session (kill it with os.killpg), once /healthz answers."""
+def wait_for(check, seconds: float, what: str):
+    """`check()`'s first true value, asked every 0.1 s; fails the test after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+
+
+def start(url: str, port: int, env: dict, log=subprocess.DEVNULL) -> subprocess.Popen:
+    """The server in its own session (kill it with os.killpg), once /healthz answers; its output to `log`."""
     server = subprocess.Popen(SERVE + ["--db", url, "--port", str(port)], env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=log, stderr=log)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

@@ -5,6 +5,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from db import Database
+from search_space import Target, Workload
 from service.api import create_app
 from service.runner import Runner, RunnerOptions
 from tests.db_helpers import BACKENDS, pg_schema
@@ -62,6 +63,19 @@ def test_a_job_submitted_over_http_runs_to_done_with_its_measurements(database):
         assert workers["runners"][0]["candidates"] == 8 and workers["ray_nodes"] == []
 
 
+def test_a_job_that_cannot_run_fails_with_a_one_line_reason_and_the_runner_goes_on(database):
+    """A job the API would refuse now (no template for cuda), queued by an older version: the runner fails
+    it with one line and runs the next job."""
+    doomed = database.create_job(Workload.make("matmul", M=8, N=8, K=8), Target.parse("cuda"), "random", 4)
+    runner = Runner(database, RunnerOptions(workers="local", poll_seconds=0.1, measure=FAST))
+    with TestClient(create_app(database, runner)) as client:
+        fine = client.post("/api/jobs", json=job_body(trials=4)).json()["id"]
+        assert wait_for(client, fine, ("done", "failed"))["status"] == "done"
+        failed = client.get(f"/api/jobs/{doomed}").json()
+    assert failed["status"] == "failed" and failed["trials_done"] == 0
+    assert failed["error"].startswith("NoTemplate: no schedule template for matmul on cuda") and "\n" not in failed["error"]
+
+
 def test_cancel_stops_a_running_job_and_a_queued_one(database):
     runner = Runner(database, RunnerOptions(workers="local", poll_seconds=0.1, measure=FAST))
     with TestClient(create_app(database, runner)) as client:
@@ -90,6 +104,8 @@ def test_cancel_stops_a_running_job_and_a_queued_one(database):
     ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "trials": 10**6}, "less than or equal"),
     ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "target": "opencl"}, "unknown target"),
     ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "tuner": "bayes"}, "'xgb', 'random'"),
+    ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "target": "cuda"},
+     "no schedule template for matmul on cuda"),
 ])
 def test_bad_requests_get_precise_422s(tmp_path, body, message):
     client = TestClient(create_app(Database(f"sqlite:///{tmp_path}/api.db")))
@@ -112,4 +128,4 @@ def test_unknown_ids_and_missing_best_are_404(tmp_path):
     assert client.get("/api/best", params={"workload": "matmul(M=8,N=8,K=8,dtype=float32)"}).status_code == 404
     assert client.get("/api/best", params={"workload": "nonsense"}).status_code == 422
     assert client.get("/healthz").json()["status"] == "ok"
-    assert [op["op"] for op in client.get("/api/workloads").json()["ops"]] == ["matmul", "dense", "batch_matmul"]
+    assert [op["op"] for op in client.get("/api/workloads").json()["ops"]] == ["matmul", "dense", "batch_matmul", "conv2d"]

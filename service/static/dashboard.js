@@ -1,16 +1,20 @@
 // The dashboard: polls the REST API once a second and redraws jobs, the selected job's chart and the workers.
+// A single job is charted in GFLOPS per trial; a model job by its estimated latency, beside its tasks.
 "use strict";
 
 const POLL_MS = 1000;
 let selected = null;   // the job id shown in detail; null picks the newest running (or newest) job
 let chart = null;      // the uPlot chart of the selected job
-let numpy = null;      // NumPy's GFLOPS for the selected job's workload
+let numpy = null;      // NumPy's GFLOPS for the selected single job's workload
 
 const $ = (id) => document.getElementById(id);
 
 async function getJson(path) {
   const response = await fetch(path);
-  if (!response.ok) throw new Error(`${path}: ${response.status}`);
+  if (!response.ok) {  // the server's reason when it gives one (a 503 names the database outage)
+    const detail = await response.json().then((body) => body.detail, () => null);
+    throw new Error(`${path}: ${response.status}${detail ? ` ${detail}` : ""}`);
+  }
   return response.json();
 }
 
@@ -30,9 +34,9 @@ function renderJobs(jobs) {
     const row = body.insertRow();
     row.dataset.id = job.id;
     row.classList.toggle("selected", job.id === selected);
-    row.onclick = () => { selectJob(job.id); refresh(); };
+    row.onclick = () => { selectJob(job); refresh(); };
     cell(row, job.id);
-    cell(row, job.workload);
+    cell(row, job.model ? `model ${job.model}` : job.workload);
     cell(row, job.target);
     cell(row, job.tuner);
     cell(row, job.status, `status-${job.status}`);
@@ -44,21 +48,40 @@ function renderJobs(jobs) {
   }
 }
 
-function selectJob(id) {
-  if (id === selected) return;
-  selected = id;
+function selectJob(job) {
+  if (job.id === selected) return;
+  selected = job.id;
   numpy = null;
   if (chart) chart.destroy();
   chart = null;
   $("numpy-gflops").textContent = "…";
-  getJson(`/api/jobs/${id}/reference`).then((ref) => {
-    if (id !== selected) return;
+  if (job.model) return;  // a model's latency has no NumPy reference
+  getJson(`/api/jobs/${job.id}/reference`).then((ref) => {
+    if (job.id !== selected) return;
     numpy = ref.numpy_gflops;
     $("numpy-gflops").textContent = fixed(numpy);
   });
 }
 
-function chartData(job) {
+const dots = (color) => ({ show: true, size: 7, fill: color, stroke: color });
+const GFLOPS_SERIES = [
+  { label: "candidate", stroke: "#3a7bd5", paths: () => null, points: dots("#3a7bd5") },
+  { label: "failed", stroke: "#d33", paths: () => null, points: dots("#d33") },
+  { label: "best so far", stroke: "#0a6", width: 2, points: { show: false } },
+  { label: "NumPy", stroke: "#888", dash: [6, 4], points: { show: false } },
+];
+const LATENCY_SERIES = [{ label: "estimated model latency", stroke: "#0a6", width: 2, points: { show: false } }];
+
+function makeChart(label, series) {
+  return new uPlot({
+    width: $("chart").clientWidth, height: 320,
+    scales: { x: { time: false } },
+    axes: [{ label: "trial" }, { label }],
+    series: [{ label: "trial" }, ...series],
+  }, [[], ...series.map(() => [])], $("chart"));
+}
+
+function gflopsData(job) {
   const trials = job.candidates.map((_, i) => i + 1);
   const ok = job.candidates.map((c) => (c.outcome === "ok" ? c.gflops : null));
   const failed = job.candidates.map((c) => (c.outcome === "ok" ? null : 0));
@@ -66,31 +89,35 @@ function chartData(job) {
   return [trials, ok, failed, job.curve, reference];
 }
 
-function makeChart() {
-  const dots = (color) => ({ show: true, size: 7, fill: color, stroke: color });
-  return new uPlot({
-    width: $("chart").clientWidth, height: 320,
-    scales: { x: { time: false } },
-    axes: [{ label: "trial" }, { label: "GFLOPS" }],
-    series: [
-      { label: "trial" },
-      { label: "candidate", stroke: "#3a7bd5", paths: () => null, points: dots("#3a7bd5") },
-      { label: "failed", stroke: "#d33", paths: () => null, points: dots("#d33") },
-      { label: "best so far", stroke: "#0a6", width: 2, points: { show: false } },
-      { label: "NumPy", stroke: "#888", dash: [6, 4], points: { show: false } },
-    ],
-  }, [[], [], [], [], []], $("chart"));
+function renderChart(job, isModel) {
+  chart = chart || (isModel ? makeChart("estimated latency (ms)", LATENCY_SERIES) : makeChart("GFLOPS", GFLOPS_SERIES));
+  const points = isModel ? job.latency_curve : job.candidates;
+  chart.setData(isModel ? [points.map((_, i) => i + 1), points] : gflopsData(job));
+  $("chart").dataset.points = points.length;
+}
+
+function renderTasks(tasks) {
+  const body = $("tasks").tBodies[0];
+  body.replaceChildren();
+  for (const task of tasks) {
+    const row = body.insertRow();
+    [task.job_id, task.weight ?? "–", task.workload, task.trials_done, fixed(task.best_gflops),
+      task.best_seconds == null ? "–" : (task.best_seconds * 1e6).toFixed(1)].forEach((text) => cell(row, text));
+  }
 }
 
 function renderJob(job) {
+  const isModel = job.tasks.length > 0;
   $("job").hidden = false;
+  $("job").classList.toggle("model", isModel);
   $("job-id").textContent = job.id;
-  $("job-workload").textContent = `${job.workload} on ${job.target} (${job.tuner})`;
+  $("job-workload").textContent = `${isModel ? `model ${job.model}` : job.workload} on ${job.target} (${job.tuner})`;
   $("job-status").textContent = job.status;
   $("job-status").className = `status-${job.status}`;
   $("job-progress").textContent = `${job.trials_done}/${job.trials}`;
   $("job-error").textContent = job.error;
   $("best-gflops").textContent = fixed(job.best_gflops);
+  $("latency-ms").textContent = job.latency_ms == null ? "–" : job.latency_ms.toPrecision(3);
   $("outcomes").replaceChildren(...Object.entries(job.outcomes).map(([outcome, count]) => {
     const item = document.createElement("li");
     item.textContent = `${outcome}: ${count}`;
@@ -100,9 +127,8 @@ function renderJob(job) {
     ? [`config ${job.best_config.index}`, ...Object.entries(job.best_config.knobs)
       .map(([knob, value]) => `${knob} = ${JSON.stringify(value)}`)].join("\n") : "–";
   $("loop-nest").textContent = job.best_program || "–";
-  chart = chart || makeChart();
-  chart.setData(chartData(job));
-  $("chart").dataset.points = job.candidates.length;
+  renderTasks(job.tasks);
+  renderChart(job, isModel);
 }
 
 function renderWorkers(workers) {
@@ -130,7 +156,7 @@ async function refresh() {
   try {
     const [jobs, workers] = await Promise.all([getJson("/api/jobs"), getJson("/api/workers")]);
     if (selected === null && jobs.length) {
-      selectJob((jobs.find((job) => job.status === "running") || jobs[0]).id);
+      selectJob(jobs.find((job) => job.status === "running") || jobs[0]);
     }
     renderJobs(jobs);
     renderWorkers(workers);

@@ -1,0 +1,107 @@
+"""`tensortune tune-model` and `tensortune bench model`: whole PyTorch models (the `[torch]` extra)."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from .cli_args import console, parse_target
+
+MODEL_HELP = "a preset (bert-layer, bert-base, resnet18) or path/to/file.py:function returning (model, example_inputs)"
+
+
+def require_torch() -> None:
+    """End the command with how to get PyTorch when it is not installed."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        console.print('[red]this command needs PyTorch:[/red] pip install -e ".[torch]"', highlight=False)
+        raise typer.Exit(1)
+
+
+def load(spec: str):
+    """The model and its example inputs, or one line saying why not."""
+    from frontend.presets import ModelError, load_model
+
+    try:
+        return load_model(spec)
+    except ModelError as error:
+        console.print(f"[red]error:[/red] {error}", highlight=False)
+        raise typer.Exit(2)
+
+
+def progress_table(progress) -> Table:
+    """Each task's trials and best, and the model's estimated latency: what `tune-model` shows live."""
+    latency = f"{progress.latency * 1e3:.2f} ms" if progress.latency != float("inf") else "-"
+    table = Table(title=f"{progress.trials}/{progress.budget} trials; estimated model latency {latency}",
+                  title_justify="left")
+    for column in ("weight", "workload", "trials", "best GFLOPS"):
+        table.add_column(column, overflow="fold")
+    for task in progress.tasks:
+        table.add_row(str(task.weight), task.workload, str(task.trials),
+                      f"{task.best_gflops:.1f}" if task.best_gflops else "-")
+    return table
+
+
+def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
+               trials: int = typer.Option(300, "--trials", min=1, max=100_000, help="measured in all, over every task"),
+               target: str = typer.Option("llvm", "--target"),
+               tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
+               db: Optional[str] = typer.Option(None, "--db", help="SQLAlchemy URL (default: TENSORTUNE_DB or ./tensortune.db)"),
+               workers: str = typer.Option("local", "--workers", help="local, ray, or a Ray cluster address")):
+    """Tune every task of a model under one budget (rerun to resume), then time it: eager PyTorch beside
+    tensortune, in the same run."""
+    require_torch()
+    from bench.model import measure_model
+    from db import Database
+    from frontend import NothingToTune, extract_tasks
+    from tuner.scheduler import tune_tasks
+    from tuner.tune import JobFailed
+
+    from .runner import make_measurer
+
+    target_ = parse_target(target)
+    net, inputs = load(model)
+    try:
+        tasks = extract_tasks(net, inputs)
+    except NothingToTune as error:
+        console.print(f"[red]{error}[/red]", highlight=False)
+        raise typer.Exit(1)
+    database, measurer = Database(db), make_measurer(workers)
+    try:
+        with Live(console=console, transient=False) as live:
+            result = tune_tasks(tasks, target_, trials, database, tuner, measurer, name=model,
+                                on_progress=lambda progress: live.update(progress_table(progress)))
+    except KeyboardInterrupt:
+        console.print("interrupted: run the same command again to resume")
+        raise typer.Exit(130)
+    except JobFailed as error:
+        console.print(f"[red]{error}[/red]", highlight=False)
+        raise typer.Exit(1)
+    finally:
+        measurer.close()
+    row = measure_model(model, net, inputs, database.url, str(target_), inductor=False)
+    print(f"model job {result.job_id}: {result.trials} trials over {len(tasks)} tasks of {model} on {target_}")
+    print(f"eager PyTorch {row['eager_ms']:.2f} ms, tensortune {row['tensortune_ms']:.2f} ms "
+          f"({row['tensortune_speedup']:.2f}x), measured together in this run; max difference {row['max_error']:.1e}")
+
+
+def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
+                db: Optional[str] = typer.Option(None, "--db", help="SQLAlchemy URL (default: TENSORTUNE_DB or ./tensortune.db)"),
+                target: str = typer.Option("llvm", "--target"),
+                json_lines: bool = typer.Option(False, "--json", help="one JSON object per model"),
+                inductor: bool = typer.Option(True, "--inductor/--no-inductor", help="also time torch.compile's default")):
+    """Eager PyTorch, Inductor and tensortune on whole models, alternating in one run, with the max error."""
+    require_torch()
+    from bench.model import run
+
+    loaded = {spec: load(spec) for spec in models}  # a bad spec is refused before anything is timed
+    run(loaded, db, target, json_lines, inductor)
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    """Add `tune-model` to the CLI app and `model` to its bench commands."""
+    app.command("tune-model")(tune_model)
+    bench_app.command("model")(bench_model)
