@@ -1,6 +1,6 @@
 """Which database, and an engine set up for many writers: the URL default, SQLite's WAL and busy timeout.
 
-`--db` wins, then `TENSORTUNE_DB`, then `tensortune.db` in the working directory (DESIGN.md).
+`--db` wins, then `TENSORTUNE_DB`, then `tensortune.db` in the working directory.
 A bare file path is taken as a SQLite file; anything else must be a SQLAlchemy URL.
 """
 from __future__ import annotations

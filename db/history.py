@@ -3,7 +3,7 @@
 The context answers `query(workload, target)` for search_space's dispatch stack: the best
 `ok` record on exactly this target, else on the most similar stored target of the same kind
 (with a warning naming it), else None, and search_space falls back to the template's default
-with DESIGN.md's warning, once per workload (this context carries the `warned` set). A record
+with the warning docs/architecture.md quotes, once per workload (this context carries the `warned` set). A record
 whose config does not fit the space being built (another template version, another vector
 width) is skipped for the next best. Each (workload, target) is looked up once per context.
 """

@@ -13,7 +13,9 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, inspect, text
+
+from .opening import DatabaseOpenError
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 ADVISORY_LOCK_KEY = 0x74656E736F72  # "tensor"
@@ -42,12 +44,31 @@ def _lock_schema(connection: Connection) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def known_revisions() -> set[str]:
+    return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
+def check_schema(connection: Connection, revision: str | None) -> None:
+    """Refuse a schema this version cannot take over: one written by a newer tensortune, or another
+    program's tables (migrating would add ours among them)."""
+    where = connection.engine.url.render_as_string(hide_password=True)
+    if revision is not None and revision not in known_revisions():
+        raise DatabaseOpenError(f"cannot open {where}: its schema (revision {revision}) is newer than this "
+                                f"version of tensortune knows (newest {head_revision()}); upgrade tensortune")
+    tables = inspect(connection).get_table_names()
+    if revision is None and tables:
+        raise DatabaseOpenError(f"cannot open {where}: not a tensortune database (it holds the tables "
+                                f"{', '.join(sorted(tables)[:5])} and no tensortune schema)")
+
+
 def upgrade(engine: Engine) -> str:
     """Bring the schema to the newest revision (a no-op when it is there) and return that revision."""
     head = head_revision()
     with engine.connect() as connection:
-        if current_revision(connection) == head:
+        revision = current_revision(connection)
+        if revision == head:
             return head
+        check_schema(connection, revision)
     with engine.begin() as connection:
         _lock_schema(connection)
         if current_revision(connection) != head:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from sqlalchemy import Select, insert, select, text, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from search_space import Target, Workload
@@ -24,6 +24,7 @@ from .engine import make_engine, read_engine, resolve_url
 from .job_locks import Claim
 from .migrate import upgrade
 from .models import JOB_STATUSES, JobRow, MeasurementRow, TargetRow, WorkloadRow, utcnow
+from .opening import check_file, open_error
 from .outage import LockLost
 from .queries import MODEL_JOB, SINGLE_JOB, best_records, count_records, measurement_identities
 from .records import Record, measurement_values, record_from_row, target_from_row, target_values, workload_values
@@ -55,8 +56,12 @@ class Database:
 
     def __init__(self, url: str | Path | None = None):
         self.url = resolve_url(url)
-        self.engine = make_engine(self.url)
-        upgrade(self.engine)
+        try:
+            check_file(self.url)
+            self.engine = make_engine(self.url)
+            upgrade(self.engine)
+        except (SQLAlchemyError, ImportError) as error:
+            raise open_error(self.url, error) from error
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self.read_engine = read_engine(self.engine)
         self.read_sessions = sessionmaker(self.read_engine)  # for lookups, a statement or a few each
@@ -172,6 +177,16 @@ class Database:
         """What a job has measured so far, oldest first: what a resumed job starts from."""
         return list(self._records(select(MeasurementRow).where(MeasurementRow.job_id == job_id)))
 
+    def known_records(self, workload: Workload, target: Target | str, job_id: int | None = None) -> list[Record]:
+        """Every measurement of the workload on exactly this target outside job `job_id`, oldest first: what
+        a new job of it starts from (configs not measured again, a cost model trained on them)."""
+        statement = select(MeasurementRow).where(
+            MeasurementRow.workload_id == select(WorkloadRow.id).where(WorkloadRow.key == workload.key).scalar_subquery(),
+            MeasurementRow.target_id == select(TargetRow.id).where(
+                TargetRow.key == str(Target.parse(target))).scalar_subquery(),
+            MeasurementRow.job_id.is_distinct_from(job_id))
+        return list(self._records(statement))
+
     def op_records(self, op: str, target: Target | str, exclude: Workload | None = None) -> dict[Workload, list[Record]]:
         """Measurements of the other shapes of an op on exactly this target (for transfer learning)."""
         workload_ids = select(WorkloadRow.id).where(WorkloadRow.op == op, WorkloadRow.key != (exclude.key if exclude else ""))
@@ -272,20 +287,27 @@ class Database:
             return [self._job(session, row) for row in rows]
 
     @staticmethod
-    def _unfinished(target: Target | str, tuner: str, trials: int, *where) -> Select:
-        """Jobs of this target, tuner and budget that are neither done nor failed, newest first."""
+    def _requests(target: Target | str, tuner: str, trials: int, *where) -> Select:
+        """Jobs of this target, tuner and budget, newest first."""
         return (select(JobRow).join(TargetRow, TargetRow.id == JobRow.target_id)
                 .where(TargetRow.key == str(Target.parse(target)), JobRow.tuner == tuner, JobRow.trials == trials,
-                       JobRow.status.not_in(("done", "failed")), *where)
+                       *where)
                 .order_by(JobRow.id.desc()))
 
-    def unfinished_job(self, workload: Workload, target: Target | str, tuner: str, trials: int) -> Job | None:
-        """The newest single job of exactly this request that is neither done nor failed: the one to resume."""
-        statement = self._unfinished(target, tuner, trials, SINGLE_JOB).join(
+    def _single_job(self, workload: Workload, target: Target | str, tuner: str, trials: int, *where) -> Job | None:
+        statement = self._requests(target, tuner, trials, SINGLE_JOB, *where).join(
             WorkloadRow, WorkloadRow.id == JobRow.workload_id).where(WorkloadRow.key == workload.key).limit(1)
         with self.sessions() as session:
             row = session.scalars(statement).first()
             return self._job(session, row) if row is not None else None
+
+    def unfinished_job(self, workload: Workload, target: Target | str, tuner: str, trials: int) -> Job | None:
+        """The newest single job of exactly this request that is neither done nor failed: the one to resume."""
+        return self._single_job(workload, target, tuner, trials, JobRow.status.not_in(("done", "failed")))
+
+    def done_job(self, workload: Workload, target: Target | str, tuner: str, trials: int) -> Job | None:
+        """The newest single job of exactly this request that ran to its end: a rerun shows it, not tunes again."""
+        return self._single_job(workload, target, tuner, trials, JobRow.status == "done")
 
     def unfinished_model_job(self, model: str | None, workloads: Sequence[Workload], target: Target | str, tuner: str,
                              trials: int) -> Job | None:
@@ -295,7 +317,8 @@ class Database:
         wanted = {workload.key for workload in workloads}
         tasks = select(WorkloadRow.key).join(JobRow, JobRow.workload_id == WorkloadRow.id)
         with self.sessions() as session:
-            for row in session.scalars(self._unfinished(target, tuner, trials, named, MODEL_JOB)):
+            for row in session.scalars(self._requests(target, tuner, trials, named, MODEL_JOB,
+                                                      JobRow.status.not_in(("done", "failed")))):
                 if set(session.scalars(tasks.where(JobRow.parent_id == row.id))) == wanted:
                     return self._job(session, row)
         return None

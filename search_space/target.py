@@ -61,6 +61,13 @@ class Target:
         return f"llvm -mcpu={self.model} -mattr={','.join('+' + f for f in self.features)} -threads={self.threads}"
 
     @property
+    def label(self) -> str:
+        """The short form for tables, e.g. `znver3 · 2 threads`; the full string is `str(target)`."""
+        if self.kind == "cuda":
+            return " · ".join(part for part in (self.model, self.arch) if part) or "cuda"
+        return f"{self.model} · {self.threads} thread{'s' if self.threads > 1 else ''}"
+
+    @property
     def vector_bits(self) -> int:
         """Widest vector register the target has."""
         if "avx512f" in self.features:

@@ -1,7 +1,7 @@
 """Workloads: an operator with its shapes and dtype, its canonical key, FLOPs, inputs and NumPy reference.
 
 A workload is a frozen value; its `key` is the one string that names it in the CLI, the
-database and the REST API (DESIGN.md), and `Workload.from_key` parses it back.
+database and the REST API (docs/architecture.md), and `Workload.from_key` parses it back.
 """
 from __future__ import annotations
 
@@ -220,6 +220,13 @@ class Workload:
 
     def __str__(self) -> str:
         return self.key
+
+    @property
+    def label(self) -> str:
+        """The key for tables: spaces between parameters (a narrow column wraps there, never inside one), and
+        no dtype when it is float32."""
+        parts = self.key[len(self.op) + 1:-1].split(",")
+        return " ".join([self.op] + [part for part in parts if part != "dtype=float32"])
 
     @property
     def flops(self) -> int:

@@ -1,4 +1,4 @@
-"""The REST API (DESIGN.md): jobs, best configs, workloads, workers, health; `create_app` builds it
+"""The REST API (docs/architecture.md): jobs, best configs, workloads, workers, health; `create_app` builds it
 over one database and, when given, starts and stops the job runner with the app."""
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ STATIC = FilePath(__file__).parent / "static"
 def job_out(job: Job, progress: tuple[int, float] | None) -> dict:
     done, best = progress or (0, 0.0)
     return {"id": job.id, "workload": job.workload.key, "op": job.workload.op, "params": job.workload.p,
-            "target": str(job.target), "tuner": job.tuner, "trials": job.trials, "status": job.status,
+            "workload_label": job.workload.label, "target": str(job.target), "target_label": job.target.label,
+            "tuner": job.tuner, "trials": job.trials, "status": job.status,
             "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at,
             "error": job.error, "trials_done": done, "best_gflops": None if job.model else (best or None),
             "model": job.model, "parent_id": job.parent_id}

@@ -72,7 +72,9 @@ class JobOut(BaseModel):
     workload: str
     op: str
     params: dict[str, Union[bool, int, str]]
+    workload_label: str = Field(description="the workload key for narrow tables: spaced, dtype left out if float32")
     target: str
+    target_label: str = Field(description="the target in short, e.g. 'znver3 · 2 threads'")
     tuner: str
     trials: int
     status: str

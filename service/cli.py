@@ -1,4 +1,4 @@
-"""The `tensortune` command line (DESIGN.md lists its commands)."""
+"""The `tensortune` command line (docs/architecture.md and the README list its commands)."""
 from __future__ import annotations
 
 import sys
@@ -8,19 +8,34 @@ import typer
 
 from search_space import InvalidConfig, NoTemplate
 
-from .cli_args import OP_ARGUMENT, console, parse_target, parse_workload
+from .cli_args import OP_ARGUMENT, TARGET_OPTION, console, parse_target, parse_workload
 
-app = typer.Typer(help="tensortune: autotuning of tensor kernels", no_args_is_help=True, add_completion=False)
+app = typer.Typer(help="tensortune: autotuning of tensor kernels", no_args_is_help=True, add_completion=False,
+                  rich_markup_mode=None)
 bench_app = typer.Typer(help="Benchmarks that print ratios against references measured in the same run",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        print(f"tensortune {version('tensortune')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                           help="print the version and exit")):
+    """tensortune: autotuning of tensor kernels"""
 
 
 @app.command()
 def show(op: str = OP_ARGUMENT,
          params: List[str] = typer.Argument(..., help="NAME=VALUE parameters, e.g. M=64 N=64 K=64"),
          config: Optional[int] = typer.Option(None, "--config", help="config index (default: the fallback config)"),
-         target: str = typer.Option("llvm", "--target"),
+         target: str = TARGET_OPTION,
          space_only: bool = typer.Option(False, "--space", help="print the knobs of the space instead")):
     """Print the lowered loop nest of one config of a workload's space."""
     from search_space import fallback_config, format_program, get_space, lower

@@ -7,7 +7,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from .cli_args import console, parse_target
+from .cli_args import DB_OPTION, TARGET_OPTION, console, fail, open_database, parse_target
 
 MODEL_HELP = "a preset (bert-layer, bert-base, resnet18) or path/to/file.py:function returning (model, example_inputs)"
 
@@ -47,29 +47,27 @@ def progress_table(progress) -> Table:
 
 def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
                trials: int = typer.Option(300, "--trials", min=1, max=100_000, help="measured in all, over every task"),
-               target: str = typer.Option("llvm", "--target"),
+               target: str = TARGET_OPTION,
                tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
-               db: Optional[str] = typer.Option(None, "--db", help="SQLAlchemy URL (default: TENSORTUNE_DB or ./tensortune.db)"),
+               db: Optional[str] = DB_OPTION,
                workers: str = typer.Option("local", "--workers", help="local, ray, or a Ray cluster address")):
     """Tune every task of a model under one budget (rerun to resume), then time it: eager PyTorch beside
     tensortune, in the same run."""
     require_torch()
     from bench.model import measure_model
-    from db import Database
     from frontend import NothingToTune, extract_tasks
     from tuner.scheduler import tune_tasks
     from tuner.tune import JobFailed
 
     from .runner import make_measurer
 
-    target_ = parse_target(target)
+    target_, database = parse_target(target), open_database(db)  # a bad --db fails before seconds of tracing
     net, inputs = load(model)
     try:
         tasks = extract_tasks(net, inputs)
     except NothingToTune as error:
-        console.print(f"[red]{error}[/red]", highlight=False)
-        raise typer.Exit(1)
-    database, measurer = Database(db), make_measurer(workers)
+        fail(str(error))
+    measurer = make_measurer(workers)
     try:
         with Live(console=console, transient=False) as live:
             result = tune_tasks(tasks, target_, trials, database, tuner, measurer, name=model,
@@ -78,8 +76,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
         console.print("interrupted: run the same command again to resume")
         raise typer.Exit(130)
     except JobFailed as error:
-        console.print(f"[red]{error}[/red]", highlight=False)
-        raise typer.Exit(1)
+        fail(str(error))
     finally:
         measurer.close()
     row = measure_model(model, net, inputs, database.url, str(target_), inductor=False)
@@ -89,15 +86,16 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
 
 
 def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
-                db: Optional[str] = typer.Option(None, "--db", help="SQLAlchemy URL (default: TENSORTUNE_DB or ./tensortune.db)"),
-                target: str = typer.Option("llvm", "--target"),
+                db: Optional[str] = DB_OPTION,
+                target: str = TARGET_OPTION,
                 json_lines: bool = typer.Option(False, "--json", help="one JSON object per model"),
                 inductor: bool = typer.Option(True, "--inductor/--no-inductor", help="also time torch.compile's default")):
     """Eager PyTorch, Inductor and tensortune on whole models, alternating in one run, with the max error."""
     require_torch()
     from bench.model import run
 
-    loaded = {spec: load(spec) for spec in models}  # a bad spec is refused before anything is timed
+    open_database(db).close()  # a bad --db, like a bad spec, is refused before anything is timed
+    loaded = {spec: load(spec) for spec in models}
     run(loaded, db, target, json_lines, inductor)
 
 

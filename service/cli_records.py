@@ -12,11 +12,9 @@ from typing import List, Optional
 
 import typer
 
-from db import Database, Record, export_log, import_log, upgrade
+from db import Record, export_log, import_log, upgrade
 
-from .cli_args import OP_ARGUMENT, console, parse_target, parse_workload
-
-DB_HELP = "SQLAlchemy URL or SQLite file (default: $TENSORTUNE_DB, else ./tensortune.db)"
+from .cli_args import DB_OPTION, OP_ARGUMENT, TARGET_OPTION, console, fail, open_database, parse_target, parse_workload
 
 
 def describe(record: Record, same_config: int, total: int) -> dict:
@@ -34,7 +32,16 @@ def describe(record: Record, same_config: int, total: int) -> dict:
     }
 
 
-def _print_best(info: dict) -> None:
+def stored_best(database, workload, target) -> dict | None:
+    """`describe` of the best stored measurement of the workload on the target; None when there is none."""
+    found = database.best(workload, target)
+    if not found:
+        return None
+    config = found[0].input.config.index
+    return describe(found[0], database.count(workload, target, config), database.count(workload, target))
+
+
+def print_best(info: dict) -> None:
     when = datetime.fromisoformat(info["measured_at"]).strftime("%Y-%m-%d %H:%M:%S UTC") if info["measured_at"] else "?"
     knobs = ", ".join(f"{name}={value}" for name, value in info["config"]["knobs"].items())
     job = f", job {info['job_id']}" if info["job_id"] is not None else ""
@@ -49,40 +56,38 @@ def _print_best(info: dict) -> None:
 
 def best(op: str = OP_ARGUMENT,
          params: List[str] = typer.Argument(..., help="NAME=VALUE parameters, e.g. M=64 N=64 K=64"),
-         target: str = typer.Option("llvm", "--target", help="llvm (this CPU), llvm -threads=1, cuda ..."),
-         db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-         as_json: bool = typer.Option(False, "--json", help="print one JSON object")):
+         target: str = TARGET_OPTION,
+         db: Optional[str] = DB_OPTION,
+         as_json: bool = typer.Option(False, "--json", help="print one JSON object (an error too)")):
     """Print the best stored config of a workload on a target, its GFLOPS, when and where it was measured."""
     workload, target_ = parse_workload(op, params), parse_target(target)
-    with Database(db) as database:
-        found = database.best(workload, target_)
-        if not found:
-            console.print(f"[red]no successful measurement of {workload.key} on target {target_} "
-                          f"in {database}[/red]")
-            raise typer.Exit(1)
-        record = found[0]
-        info = describe(record, database.count(workload, target_, record.input.config.index),
-                        database.count(workload, target_))
+    with open_database(db) as database:
+        info = stored_best(database, workload, target_)
+        missing = f"no successful measurement of {workload.key} on target {target_} in {database}"
+    if info is None:
+        if as_json:
+            print(json.dumps({"error": missing, "workload": workload.key, "target": str(target_)}))
+        fail(missing)
     if as_json:
         print(json.dumps(info))
     else:
-        _print_best(info)
+        print_best(info)
 
 
 def export(file: Path = typer.Argument(..., dir_okay=False, help="the JSON-lines log to write"),
            best_only: bool = typer.Option(False, "--best-only", help="only the best of each workload and target"),
-           db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)):
+           db: Optional[str] = DB_OPTION):
     """Write the measurements as AutoTVM-style JSON lines (log format 0.2)."""
-    with Database(db) as database:
+    with open_database(db) as database:
         count = export_log(database, file, best_only=best_only)
     console.print(f"exported {count} record(s) to {file}")
 
 
 def import_(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="an AutoTVM-style JSON-lines log"),
             best_only: bool = typer.Option(False, "--best-only", help="only the best of each workload and target"),
-            db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)):
+            db: Optional[str] = DB_OPTION):
     """Read AutoTVM-style JSON lines into the database; malformed lines are reported and skipped (exit 1)."""
-    with Database(db) as database:
+    with open_database(db) as database:
         report = import_log(database, file, best_only=best_only)
     for line, why in report.rejected:
         console.print(f"{file}:{line}: rejected: {why}", markup=False, highlight=False)
@@ -93,9 +98,9 @@ def import_(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="
         raise typer.Exit(1)
 
 
-def db_upgrade(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)):
+def db_upgrade(db: Optional[str] = DB_OPTION):
     """Create the database or migrate it to the newest schema."""
-    with Database(db) as database:
+    with open_database(db) as database:
         console.print(f"{database} is at schema revision {upgrade(database.engine)}")
 
 

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from .cli_args import DB_OPTION, open_database
 from .runner import default_workers
 
 
@@ -22,13 +23,11 @@ def is_loopback(host: str) -> bool:
 
 def serve(host: str = typer.Option("127.0.0.1", "--host"),
           port: int = typer.Option(8000, "--port", min=1, max=65535),
-          db: Optional[str] = typer.Option(None, "--db", help="SQLAlchemy URL (default: TENSORTUNE_DB or ./tensortune.db)"),
+          db: Optional[str] = DB_OPTION,
           workers: str = typer.Option(default_workers(), "--workers", help="local, ray, or a Ray cluster address"),
           runners: int = typer.Option(1, "--runners", min=1, help="jobs tuned at once")):
     """Serve the API and run queued jobs; TENSORTUNE_TOKEN guards every POST."""
     import uvicorn
-
-    from db import Database
 
     from .api import create_app
     from .runner import Runner, RunnerOptions
@@ -40,7 +39,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"),
     said.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("tensortune").addHandler(said)
     logging.getLogger("tensortune").setLevel(logging.INFO)
-    database = Database(db)
+    database = open_database(db)
     runner = Runner(database, RunnerOptions(threads=runners, workers=workers))
     uvicorn.run(create_app(database, runner, token), host=host, port=port, log_level="info")
 

@@ -6,9 +6,10 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich import box
+from rich.table import Column, Table
 
-from .cli_args import OP_ARGUMENT, console, parse_workload
+from .cli_args import OP_ARGUMENT, TARGET_OPTION, console, parse_workload
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 ServerOption = typer.Option(None, "--server", help=f"URL of tensortune serve (default: TENSORTUNE_SERVER or {DEFAULT_SERVER})")
@@ -37,7 +38,7 @@ def submit(op: Optional[str] = typer.Argument(None, help=f"{OP_ARGUMENT.help} (o
            params: Optional[List[str]] = typer.Argument(None, help="NAME=VALUE parameters"),
            model: Optional[str] = typer.Option(None, "--model", help="a model preset to tune as a whole: "
                                                                       "bert-layer, bert-base or resnet18"),
-           target: str = typer.Option("llvm", "--target"),
+           target: str = TARGET_OPTION,
            trials: int = typer.Option(64, "--trials", min=1, max=100_000, help="the budget; a model's, over its tasks"),
            tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
            server: Optional[str] = ServerOption):
@@ -55,13 +56,21 @@ def submit(op: Optional[str] = typer.Argument(None, help=f"{OP_ARGUMENT.help} (o
 
 
 def jobs(server: Optional[str] = ServerOption, limit: int = typer.Option(50, "--limit", min=1, max=1000)):
-    """The server's newest jobs with their progress (a model job's over all its tasks)."""
-    table = Table("id", "workload or model", "tuner", "status", "trials", "best GFLOPS", "error")
+    """The server's newest jobs with their progress (a model job's over all its tasks); a failed job's reason
+    follows the table, whole."""
+    table = Table("id", "workload or model", Column("target", no_wrap=True), "tuner", "status", "trials", "GFLOPS",
+                  box=box.SIMPLE_HEAD)
+    failed = []
     for job in request(server, "GET", "/api/jobs", params={"limit": limit}):
         best = f"{job['best_gflops']:.1f}" if job["best_gflops"] else "-"
-        table.add_row(str(job["id"]), f"model {job['model']}" if job["model"] else job["workload"], job["tuner"],
-                      job["status"], f"{job['trials_done']}/{job['trials']}", best, job["error"][:60])
-    Console().print(table)
+        table.add_row(str(job["id"]), f"model {job['model']}" if job["model"] else job["workload_label"],
+                      job["target_label"], job["tuner"], job["status"], f"{job['trials_done']}/{job['trials']}", best)
+        if job["error"]:
+            failed.append(f"job {job['id']} {job['status']}: {job['error']}")
+    out = Console(soft_wrap=False)
+    out.print(table)
+    for line in failed:
+        out.print(line, markup=False, highlight=False)
 
 
 def cancel(job_id: int = typer.Argument(..., help="job id"), server: Optional[str] = ServerOption):

@@ -3,17 +3,23 @@ with a live progress bar, ending with the best config beside NumPy measured in t
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column
 
-from .cli_args import OP_ARGUMENT, console, parse_target, parse_workload
+from search_space import get_space
+
+from .cli_args import DB_OPTION, OP_ARGUMENT, TARGET_OPTION, console, fail, open_database, parse_target, parse_workload
+from .cli_records import stored_best
 from .runner import make_measurer
 
 
 def compare_with_numpy(workload, target, config) -> tuple[float, float]:
-    """(best config's GFLOPS, NumPy's GFLOPS), timed head to head now, on this machine."""
+    """(the config's GFLOPS, NumPy's GFLOPS), timed head to head now, in this process, alternately."""
     from workers import build
     from workers.reference import head_to_head, inference_call, reference_calls
 
@@ -24,17 +30,30 @@ def compare_with_numpy(workload, target, config) -> tuple[float, float]:
     return workload.flops / seconds["tensortune"] / 1e9, workload.flops / seconds["numpy"] / 1e9
 
 
+def progress_columns() -> tuple:
+    """Trials done/total, best GFLOPS and the clock first, so that at 80 columns only the outcome counts,
+    printed last, are cut."""
+    return (BarColumn(bar_width=16), MofNCompleteColumn(), TextColumn("best {task.fields[best]:6.1f} GFLOPS"),
+            TimeElapsedColumn(), TextColumn("{task.fields[status]}", table_column=Column(no_wrap=True, overflow="ellipsis")))
+
+
 def tune(op: str = OP_ARGUMENT,
          params: List[str] = typer.Argument(..., help="NAME=VALUE parameters"),
-         target: str = typer.Option("llvm", "--target"),
-         trials: int = typer.Option(64, "--trials", min=1, max=100_000),
+         target: str = TARGET_OPTION,
+         trials: int = typer.Option(64, "--trials", min=1, max=100_000, help="configs to measure in this job"),
          tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
-         db: Optional[str] = typer.Option(None, "--db", help="SQLAlchemy URL (default: TENSORTUNE_DB or ./tensortune.db)"),
+         db: Optional[str] = DB_OPTION,
          workers: str = typer.Option("local", "--workers", help="local, ray, or a Ray cluster address"),
-         early_stopping: Optional[int] = typer.Option(None, "--early-stopping", min=1),
-         seed: int = typer.Option(0, "--seed")):
-    """Tune a workload; every measurement goes to the database; rerun the same command to resume."""
-    from db import Database
+         early_stopping: Optional[int] = typer.Option(
+             None, "--early-stopping", min=1, help="end the job after this many trials without a better config"),
+         again: bool = typer.Option(False, "--again", help="tune anew though the same job already ran to its end"),
+         remeasure: bool = typer.Option(
+             False, "--remeasure", help="measure configs the database already holds for this workload again"),
+         seed: int = typer.Option(0, "--seed", help="the tuner's random seed")):
+    """Tune a workload; every measurement goes to the database; rerun the same command to resume.
+
+    A new job starts from what the database knows of the workload on this target: it measures none of its
+    stored configs again, and its cost model starts trained on them."""
     from db.queue import JobBusy
     from search_space import NoTemplate, get_space
     from tuner import TUNERS
@@ -47,73 +66,93 @@ def tune(op: str = OP_ARGUMENT,
     try:
         get_space(workload, target_)
     except NoTemplate as error:
-        console.print(f"[red]error:[/red] {error}", highlight=False)
-        raise typer.Exit(2)
-    database = Database(db)
+        fail(str(error), 2)
+    database = open_database(db)
+    done = None if again else database.done_job(workload, target_, tuner, trials)
+    if done:
+        console.print(f"job {done.id} already tuned this ({tuner}, {trials} trials, done "
+                      f"{done.finished_at:%Y-%m-%d %H:%M}); --again tunes anew, from the stored records")
+        print_stored_best(database, workload, target_)
+        return
     job = database.unfinished_job(workload, target_, tuner, trials)
     resumed = len(database.job_records(job.id)) if job else 0
     if job:
         console.print(f"resuming job {job.id}: {resumed} of {trials} trials already measured")
+    console.print(f"tuning {workload.key} on {target_}", highlight=False)
     counts: Counter = Counter()
-    best = [0.0]
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[status]}"), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        bar = progress.add_task(workload.key, total=trials, completed=resumed, status="")
+    with Progress(*progress_columns(), console=console) as progress:
+        bar = progress.add_task("", total=trials, completed=resumed, best=0.0, status="")
 
         def on_result(_, result):
             counts[result.outcome.value] += 1
-            best[0] = max(best[0], result.gflops)
+            best = max(progress.tasks[0].fields["best"], result.gflops)
             outcomes = " ".join(f"{name}:{n}" for name, n in sorted(counts.items()))
-            progress.update(bar, advance=1, status=f"now {result.gflops:6.1f}  best {best[0]:6.1f} GFLOPS  {outcomes}")
+            progress.update(bar, advance=1, best=best, status=outcomes)
 
         def on_wait(message: str) -> None:
-            progress.console.print(f"[yellow]{message}[/yellow]", highlight=False)
+            progress.console.print(f"[yellow]{escape(message)}[/yellow]", highlight=False)
             progress.update(bar, status="[yellow]waiting for the database[/yellow]")
 
         measurer = make_measurer(workers)
         try:
-            result = run_tune(workload, target_, trials, tuner, database, measurer,
-                              early_stopping=early_stopping, seed=seed, on_result=on_result, on_wait=on_wait)
+            result = run_tune(workload, target_, trials, tuner, database, measurer, early_stopping=early_stopping,
+                              seed=seed, known=not remeasure, on_result=on_result, on_wait=on_wait)
         except KeyboardInterrupt:
             console.print("interrupted: run the same command again to resume")
             raise typer.Exit(130)
         except (JobBusy, JobFailed) as error:
-            console.print(f"[red]{error}[/red]", highlight=False)
-            raise typer.Exit(1)
+            fail(str(error))
         finally:
             measurer.close()
+    known = f"; started from {result.known} stored measurements, none remeasured" if result.known else ""
+    print(f"job {result.job_id}: {len(result.measured)} trials ({result.resumed} resumed{known})")
     if result.best is None:
-        console.print(f"[red]no config of {workload.key} measured ok[/red] (outcomes: {dict(counts)})")
+        print(f"this job measured no config ok (outcomes: {dict(counts)})")
+    else:
+        best_input, best_result = result.best
+        print(f"this job's best: config {best_input.config.index}, {best_result.gflops:.1f} GFLOPS")
+    if not print_stored_best(database, workload, target_):
         raise typer.Exit(1)
-    best_input, best_result = result.best
-    ours, numpy_gflops = compare_with_numpy(workload, target_, best_input.config)
-    print(f"job {result.job_id}: {len(result.measured)} trials ({result.resumed} resumed) of {workload.key} on {target_}")
-    print(f"best config {best_input.config.index}: {best_input.config}")
-    print(f"best: {best_result.gflops:.1f} GFLOPS when tuned; now {ours:.1f} GFLOPS vs NumPy {numpy_gflops:.1f} "
-          f"GFLOPS ({ours / numpy_gflops:.2f}x), measured together in this run")
     print(f"records in {database}")
 
+
+def print_stored_best(database, workload, target) -> bool:
+    """The stored best (what `best` and apply_history_best use) and, timed now against NumPy, what it gives;
+    False when no config of the workload was ever measured ok."""
+    info = stored_best(database, workload, target)
+    if info is None:
+        console.print(f"[red]no config of {workload.key} on {target} measured ok[/red]", highlight=False)
+        return False
+    config = get_space(workload, target).get(info["config"]["index"])
+    ours, numpy_gflops = compare_with_numpy(workload, target, config)
+    job = f"job {info['job_id']}" if info["job_id"] is not None else "imported"
+    print(f"stored best for this machine (what `best` and apply_history_best use): config {config.index}, {job}")
+    print(f"  {info['gflops']:.1f} GFLOPS as measured while tuning (the fastest of many noisy measurements)")
+    print(f"  {ours:.1f} GFLOPS timed now, alternately with NumPy's {numpy_gflops:.1f} GFLOPS ({ours / numpy_gflops:.2f}x)")
+    if ours < 0.9 * info["gflops"]:
+        print("  (the gap: tuning timed the bare kernel, picking its luckiest run; now each call also pays "
+              "Python's few microseconds, and a noisy machine shows more)")
+    print(f"  {config}")
+    return True
+
+
 def plot(job: int = typer.Argument(..., help="job id"),
-         db: Optional[str] = typer.Option(None, "--db"),
-         out: Optional[str] = typer.Option(None, "--out", help="PNG file (default: job-ID.png)")):
+         db: Optional[str] = DB_OPTION,
+         out: Optional[str] = typer.Option(None, "--out", help="PNG file to write (default: job-ID.png here)")):
     """Draw a job's tuning curve: every candidate's GFLOPS, failures marked, and the best so far."""
-    from db import Database
     from tuner.plot import plot_job
 
-    database = Database(db)
+    database = open_database(db)
     try:
         info = database.job(job)
     except KeyError:
-        console.print(f"[red]no job {job}[/red] in {database}")
-        raise typer.Exit(1)
+        fail(f"no job {job} in {database}")
     records = database.job_records(job)
     if not records:
-        console.print(f"[red]job {job} has no measurements yet[/red]")
-        raise typer.Exit(1)
+        fail(f"job {job} has no measurements yet")
     path = plot_job([r.result.gflops for r in records], [not r.result.ok for r in records],
                     f"job {job}: {info.workload.key} ({info.tuner})", out or f"job-{job}.png")
-    print(path)
+    print(Path(path).resolve())
 
 
 def register(app: typer.Typer) -> None:

@@ -2,7 +2,10 @@
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import httpx
 
@@ -26,6 +29,26 @@ def wait_for(check, seconds: float, what: str):
     raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
+def job_when(client, job_id: int, check, what: str, seconds: float = 60) -> dict:
+    """The job as `GET /api/jobs/{id}` shows it, once `check(job)` holds; `client` is a TestClient or httpx.Client."""
+    return wait_for(lambda: check(job := client.get(f"/api/jobs/{job_id}").json()) and job, seconds,
+                    f"job {job_id} to be {what}")
+
+
+def job_in(client, job_id: int, statuses: tuple, seconds: float = 60) -> dict:
+    return job_when(client, job_id, lambda job: job["status"] in statuses, " or ".join(statuses), seconds)
+
+
+def measured(client, job_id: int, trials: int) -> dict:
+    return job_when(client, job_id, lambda job: job["trials_done"] >= trials, f"past {trials} trials")
+
+
+def runners_idle(client, seconds: float = 60) -> None:
+    """Wait until no runner thread holds a job: a cancelled job's batch in flight is finished and recorded."""
+    wait_for(lambda: not any(r["busy"] for r in client.get("/api/workers").json()["runners"]), seconds,
+             "the runners to be idle")
+
+
 def start(url: str, port: int, env: dict, log=subprocess.DEVNULL) -> subprocess.Popen:
     """The server in its own session (kill it with os.killpg), once /healthz answers; its output to `log`."""
     server = subprocess.Popen(SERVE + ["--db", url, "--port", str(port)], env=env, start_new_session=True,
@@ -38,3 +61,20 @@ def start(url: str, port: int, env: dict, log=subprocess.DEVNULL) -> subprocess.
         except httpx.HTTPError:
             time.sleep(0.2)
     raise AssertionError("tensortune serve did not come up")
+
+
+@contextmanager
+def served_in_thread(app) -> Iterator[str]:
+    """`app` under uvicorn on a thread of this process (which sees the test's registrations and database),
+    for a browser or the CLI; yields its URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 30, "uvicorn to start")
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)

@@ -37,6 +37,9 @@ class TuneOptions:
     seed: int = 0
     transfer: bool = True  # xgb: start from a model of the op's other shapes in the database
     measure: MeasureOptions = field(default_factory=MeasureOptions)
+    # start from the database's other measurements of this workload on this target: none of their configs is
+    # measured again, and the tuner (xgb's cost model) has observed them all before its first proposal
+    known: bool = True
 
     def __post_init__(self):
         if self.tuner not in TUNERS:
@@ -50,6 +53,7 @@ class TuneResult:
     job_id: int
     measured: list[tuple[MeasureInput, MeasureResult]]  # this job's, resumed ones first
     resumed: int  # how many were loaded from the database rather than measured now
+    known: int = 0  # other jobs' measurements of the workload on the target the search started from
 
     @property
     def best(self) -> tuple[MeasureInput, MeasureResult] | None:
@@ -101,22 +105,23 @@ def failure_reason(error: BaseException) -> str:
 def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tuner: str = "xgb",
          db: Database | str | None = None, pool: Pool | str = "local", *, batch: int = 4,
          early_stopping: int | None = None, seed: int = 0, transfer: bool = True,
-         measure: MeasureOptions = MeasureOptions(),
+         measure: MeasureOptions = MeasureOptions(), known: bool = True,
          on_result: Callable[[MeasureInput, MeasureResult], None] | None = None,
          job: Claim | None = None, stop: Callable[[], bool] = lambda: False,
          on_wait: Callable[[str], None] | None = None) -> TuneResult:
     """Tune until `trials` configs of the job are measured (or early stopping ends it).
 
     Running the same request again resumes an unfinished job: it reloads what the job measured,
-    refits the model on it, and measures nothing twice; it raises `db.queue.JobBusy` while another live
-    process runs that job. `job` is a job the caller has claimed (the service's runner does);
+    refits the model on it, and measures nothing twice; with `known`, a job also starts from the workload's
+    other records on the target, measuring none of their configs again. It raises `db.queue.JobBusy` while
+    another live process runs that job. `job` is a job the caller has claimed (the service's runner does);
     `stop()` is asked between batches and ends the job `cancelled`. An error ends the job `failed` and
     raises JobFailed. A workload with no template for the target raises NoTemplate before any job exists.
 
     A database outage raises, unless `on_wait` is given: then tune() waits for the database, telling
     `on_wait` why, and resumes the job from its records (what was measured but not yet written is
     measured again, so each config is recorded once)."""
-    options = TuneOptions(trials, tuner, batch, early_stopping, seed, transfer, measure)
+    options = TuneOptions(trials, tuner, batch, early_stopping, seed, transfer, measure, known)
     target = Target.parse(target)
     get_space(workload, target)
     database = db if isinstance(db, Database) else Database(db)
@@ -180,15 +185,18 @@ def measuring(pool: Pool | str) -> Iterator[Pool]:
 
 class JobSearch:
     """One job's search, measured a few trials at a time (`step`), keeping its tuner between steps. It starts
-    from the job's records; its tuner is built at the first step, from them and, for xgb, from the op's other
-    shapes in the database (so a model's task tuned later learns from the tasks measured before it)."""
+    from the job's records (and, with `options.known`, the workload's other records on the target); its tuner
+    is built at the first step, from them and, for xgb, from the op's other shapes in the database (so a
+    model's task tuned later learns from the tasks measured before it)."""
 
     def __init__(self, job_id: int, workload: Workload, target: Target, options: TuneOptions, database: Database,
                  on_result: Callable[[MeasureInput, MeasureResult], None] | None = None):
         self.workload, self.target, self.options, self.database, self.on_result = (
             workload, target, options, database, on_result)
         done = [(r.input, r.result) for r in database.job_records(job_id)]
-        self.result = TuneResult(job_id, done, len(done))
+        known = database.known_records(workload, target, job_id) if options.known else []
+        self.known = [(r.input, r.result) for r in known]
+        self.result = TuneResult(job_id, done, len(done), len(known))
         self.tuner: Tuner | None = None
 
     def _built_tuner(self) -> Tuner:
@@ -196,8 +204,9 @@ class JobSearch:
             transfer = self.options.tuner == "xgb" and self.options.transfer
             past = history(self.database, self.workload, self.target) if transfer else []
             self.tuner = make_tuner(self.workload, self.target, self.options, past)
-            if self.result.measured:
-                self.tuner.observe([i.config for i, _ in self.result.measured], [r for _, r in self.result.measured])
+            seen = self.known + self.result.measured
+            if seen:
+                self.tuner.observe([i.config for i, _ in seen], [r for _, r in seen])
         return self.tuner
 
     def _record(self, measure_input: MeasureInput, measured: MeasureResult) -> None:

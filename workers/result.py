@@ -9,7 +9,7 @@ from search_space import Config, Target, Workload
 
 
 class Outcome(str, Enum):
-    """DESIGN.md's eight outcomes of a measured candidate."""
+    """The eight outcomes of a measured candidate (docs/architecture.md)."""
 
     OK = "ok"
     INVALID_CONFIG = "invalid_config"

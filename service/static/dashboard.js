@@ -36,10 +36,11 @@ function renderJobs(jobs) {
     row.classList.toggle("selected", job.id === selected);
     row.onclick = () => { selectJob(job); refresh(); };
     cell(row, job.id);
-    cell(row, job.model ? `model ${job.model}` : job.workload);
-    cell(row, job.target);
+    cell(row, job.model ? `model ${job.model}` : job.workload_label).title = job.workload;
+    cell(row, job.target_label).title = job.target;
     cell(row, job.tuner);
-    cell(row, job.status, `status-${job.status}`);
+    const status = cell(row, job.status, `status-${job.status}`);
+    if (job.error) status.append(Object.assign(document.createElement("div"), {className: "error reason", textContent: job.error}));
     const bar = document.createElement("progress");
     bar.max = job.trials;
     bar.value = job.trials_done;

@@ -1,0 +1,77 @@
+"""Why a database URL cannot be opened, in one line a user can act on: a file that cannot be created, a
+directory that does not exist, a server that does not answer or refuses us, a file or schema that is not
+tensortune's, a schema newer than this version. Every command that takes `--db` prints it and exits 1."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+
+class DatabaseOpenError(RuntimeError):
+    """A URL that names no database tensortune can open; the message names the URL and says why."""
+
+
+def _opening(url: str, why: str) -> DatabaseOpenError:
+    return DatabaseOpenError(f"cannot open {_shown(url)}: {why}")
+
+
+def _shown(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL; None for in-memory SQLite and for servers."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def check_file(url: str) -> None:
+    """SQLite says only "unable to open database file"; the file system says which of its reasons it is."""
+    path = sqlite_file(url)
+    if path is None or path.is_file():
+        return
+    if path.exists():
+        raise _opening(url, f"{path} is not a file")
+    folder = path.parent
+    if not folder.exists():
+        raise _opening(url, f"no such directory {folder}")
+    if not folder.is_dir():
+        raise _opening(url, f"{folder} is not a directory")
+    try:  # created empty, as SQLite would: an empty file is a new database
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    except OSError as error:
+        raise _opening(url, f"cannot create {path}: {error.strerror}") from None
+
+
+def open_error(url: str, error: BaseException) -> DatabaseOpenError:
+    """The one-line form of an error raised while connecting to or migrating `url`."""
+    if isinstance(error, DatabaseOpenError):
+        return error
+    if isinstance(error, NoSuchModuleError):  # an ArgumentError too
+        return _opening(url, f"no SQLAlchemy dialect for {make_url(url).drivername!r}")
+    if isinstance(error, ArgumentError):
+        return _opening(url, "not a database URL (a file path, or e.g. postgresql+psycopg://user@host/db)")
+    if isinstance(error, ImportError):
+        return _opening(url, f"its database driver is not installed ({error})")
+    if isinstance(error, DBAPIError) and error.orig is not None:
+        return _opening(url, _driver_reason(url, error.orig))
+    return _opening(url, f"{type(error).__name__}: {error}")
+
+
+def _driver_reason(url: str, error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    if "file is not a database" in text:
+        return f"{sqlite_file(url)} is not a SQLite database"
+    if "unable to open database file" in text:
+        return f"cannot create or open {sqlite_file(url)}"
+    if "Connection refused" in text or "timeout expired" in text or "could not translate host" in text:
+        return "the server is not reachable (" + text.split("failed:")[-1].split(" Is the server")[0].strip() + ")"
+    return text.split("FATAL:")[-1].strip()  # the server's own reason: authentication, no such database, ...
