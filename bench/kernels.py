@@ -18,10 +18,11 @@ from rich.console import Console
 from rich.table import Table
 from threadpoolctl import threadpool_info
 
-from search_space import Config, Target, Workload, batch_matmul, conv2d, dense, fallback_config, get_space, matmul
+from search_space import (Config, InvalidConfig, Target, TargetError, Workload, batch_matmul, conv2d, dense,
+                          fallback_config, get_space, matmul)
 from workers import build
 from workers.reference import head_to_head, inference_call, reference_calls
-from workers.timing import time_samples
+from workers.task import MeasureOptions, timed_call
 
 from .peak import launch_microseconds, peak_gflops
 
@@ -55,14 +56,14 @@ class Measured:
 
 
 def try_config(workload: Workload, target: Target, config: Config, inputs, expected, min_repeat_ms: float) -> Measured:
+    """Build, check and time one config (on the CPU or, for a cuda target, on the GPU with CUDA events)."""
     kernel = build(workload, target, config)
-    call, out = inference_call(kernel, inputs)
-    call()
-    error = workload.max_error(out, expected)
+    timed = timed_call(kernel, inputs)
+    error = workload.max_error(timed.output(), expected)
     if error > 1:
         raise AssertionError(f"config {config.index} of {workload.key} computes a wrong result ({error:.1f}x tolerance)")
-    return Measured(config, float(np.median(time_samples(call, repeat=3, min_repeat_ms=min_repeat_ms))),
-                    kernel.compile_seconds)
+    samples = timed.samples(MeasureOptions(repeat=3, min_repeat_ms=min_repeat_ms))
+    return Measured(config, float(np.median(samples)), kernel.compile_seconds)
 
 
 def search(workload: Workload, target: Target, trials: int, seed: int, min_repeat_ms: float) -> tuple[Measured, int]:
@@ -77,7 +78,10 @@ def search(workload: Workload, target: Target, trials: int, seed: int, min_repea
     def trial(config: Config) -> None:
         nonlocal best
         seen.add(config.index)
-        result = try_config(workload, target, config, inputs, expected, min_repeat_ms)
+        try:
+            result = try_config(workload, target, config, inputs, expected, min_repeat_ms)
+        except InvalidConfig:  # a GPU kernel that, as compiled, would not launch
+            return
         if best is None or result.seconds < best.seconds:
             best = result
 
@@ -162,3 +166,33 @@ def print_table(rows: list[dict]) -> None:
                       f"{r['torch_gflops']:.1f}" if r["torch_gflops"] else "-", f"{r['ratio']:.2f}",
                       f"{r['peak_fraction']:.0%}", str(r["config"]["index"]))
     Console().print(table)
+
+
+def main() -> None:
+    """`python -m bench.kernels [--target cuda]`: the benchmark without the CLI (and so without SQL, Ray or
+    XGBoost), for a bare GPU host with NumPy, llvmlite and CuPy."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="llvm", help="llvm (both thread counts) or a cuda target")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true", dest="json_lines")
+    parser.add_argument("--trials", type=int)
+    parser.add_argument("--only")
+    parser.add_argument("--seed", type=int, default=0)
+    args = vars(parser.parse_args())
+    target = args.pop("target")
+    if target.split()[0] == "cuda":
+        from search_space.gpu_device import NoGpu
+
+        from .kernels_cuda import run as run_cuda
+        try:
+            run_cuda(target=target, **args)
+        except (TargetError, NoGpu) as error:
+            parser.exit(1, f"error: {error}\n")
+    else:
+        run(**args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,19 @@
 """The lowered program: a target-neutral loop nest that a config of a template turns into.
 
-Loops have static extents and a kind (serial, parallel, vectorized, unrolled); buffers have
-a scope (input, output, packed scratch in memory, register accumulators); statements store
-a value built from loads, constants and a few arithmetic ops at an affine index. Tails are
-peeled by `tiled`, so every extent is a compile-time constant. Code generators (LLVM now,
-CUDA later) and the cost model's feature extractor read this object; `format_program`
-prints it as readable pseudo-code.
+Loops have static extents and a kind (serial, parallel, vectorized, unrolled; on a GPU also
+bound to blockIdx.x/y/z or threadIdx.x); buffers have a scope (input, output, packed scratch
+in memory, register accumulators; on a GPU also shared memory per block and local memory per
+thread); statements store a value built from loads, constants and a few arithmetic ops at an
+affine index, and a `Barrier` synchronises the threads of a GPU block. Tails are peeled by
+`tiled`, so every extent is a compile-time constant. Code generators (LLVM, CUDA), the GPU
+emulator and the cost model's feature extractor read this object; `format_program` prints it
+as readable pseudo-code.
+
+A loop bound to a GPU index runs its iterations on the blocks or threads of a launch, not in
+sequence. Directly nested loops bound to the same index split it mixed-radix (the outermost
+is the most significant digit), so one thread index can be read as (row, column) by one part
+of a kernel and as (row, vector) by another while every index stays affine. Every nest of
+threadIdx.x loops in a stage spans the same number of threads: the block's size.
 """
 from __future__ import annotations
 
@@ -13,8 +21,9 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Union
 
-LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled")
-SCOPES = ("input", "output", "packed", "register")
+GPU_INDICES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x")
+LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled") + GPU_INDICES
+SCOPES = ("input", "output", "packed", "register", "shared", "local")
 OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1, "erf": 1}  # fma(a, b, c) = a*b + c
 
 
@@ -30,7 +39,12 @@ class Affine:
         return value if isinstance(value, Affine) else Affine((), int(value))
 
     def __add__(self, other: AffineLike) -> Affine:
-        other = Affine.of(other)
+        # the short cuts (a constant, or no terms on one side) are most of the calls: lowering a config for the
+        # cost model adds offsets by the hundred thousand
+        if not isinstance(other, Affine):
+            return Affine(self.terms, self.const + int(other)) if other else self
+        if not other.terms or not self.terms:
+            return Affine(self.terms or other.terms, self.const + other.const)
         coeffs = dict(self.terms)
         for name, c in other.terms:
             coeffs[name] = coeffs.get(name, 0) + c
@@ -39,6 +53,8 @@ class Affine:
     __radd__ = __add__
 
     def __mul__(self, factor: int) -> Affine:
+        if factor == 1:
+            return self
         return Affine(tuple((n, c * factor) for n, c in self.terms if c * factor), self.const * factor)
 
     __rmul__ = __mul__
@@ -170,7 +186,13 @@ class Call:
     body: tuple[Stmt, ...]
 
 
-Stmt = Union[Store, Loop, If, Call]
+@dataclass(frozen=True)
+class Barrier:
+    """Every thread of a GPU block waits here until all have arrived (`__syncthreads`): shared memory
+    written before it is seen by every thread after it. It never stands inside a threadIdx loop."""
+
+
+Stmt = Union[Store, Loop, If, Call, Barrier]
 
 
 @dataclass(frozen=True)
@@ -224,6 +246,38 @@ def tile_nest(levels, chunks: dict, leaf: Callable[[dict], list[Stmt]]) -> list[
     return tiled(name, extent, size, offset, lambda o, e: tile_nest(rest, chunks | {axis: (o, e)}, leaf), kind)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How a GPU stage is launched: blocks along x, y, z and threads per block."""
+
+    grid: tuple[int, int, int]
+    block: int
+
+
+def bound_chain(loop: Loop) -> list[Loop]:
+    """`loop` and the loops directly nested in it that are bound to the same GPU index, outermost first."""
+    chain = [loop]
+    while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], Loop) and chain[-1].body[0].kind == loop.kind:
+        chain.append(chain[-1].body[0])
+    return chain
+
+
+def launch(stage: Stage) -> Launch:
+    """The grid and block a stage's bound loops span; ValueError when they disagree (a template bug)."""
+    spans: dict[str, set[int]] = {}
+    inner: set[int] = set()  # loops already counted as part of a chain
+    for stmt, _, _ in walk(stage.body):
+        if isinstance(stmt, Loop) and stmt.kind in GPU_INDICES and id(stmt) not in inner:
+            chain = bound_chain(stmt)
+            inner |= {id(loop) for loop in chain}
+            spans.setdefault(stmt.kind, set()).add(math.prod(loop.extent for loop in chain))
+    if any(len(extents) > 1 for extents in spans.values()):
+        raise ValueError(f"stage {stage.name}: loops bound to one GPU index span different extents: {spans}")
+    size = {kind: extents.pop() for kind, extents in spans.items()}
+    grid = tuple(size.get(f"blockIdx.{axis}", 1) for axis in "xyz")
+    return Launch(grid, size.get("threadIdx.x", 1))
+
+
 def walk(stmts, depth: int = 0):
     """Yield (stmt, depth, enclosing loops) for every statement, outermost first."""
     yield from _walk(stmts, depth, ())
@@ -269,6 +323,8 @@ def format_stmts(stmts, indent: int = 0, shown: dict | None = None) -> list[str]
             lines.append(f"{pad}{label}({args}){':' if first else ''}")
             if first:
                 lines += format_stmts(stmt.body, indent + 1, shown)
+        elif isinstance(stmt, Barrier):
+            lines.append(f"{pad}barrier()")
         else:
             lines.append(f"{pad}{stmt.buffer.name}[{', '.join(map(str, stmt.index))}] = {format_value(stmt.value)}")
     return lines

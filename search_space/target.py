@@ -3,6 +3,8 @@
 `llvm` names the CPU model, the vector features the kernel may use, and its thread count;
 `cuda` names the device and its compute capability. The string form is TVM-like:
 `llvm -mcpu=znver4 -mattr=+avx2,+avx512f,+fma -threads=2`, `cuda -device=NVIDIA_A100 -arch=sm_80`.
+`cuda` alone is the host's GPU (read through CuPy; a TargetError says why when there is none);
+`cuda -arch=sm_90` names an architecture with no device, enough to lower and compile.
 """
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ VECTOR_FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx
 
 class TargetError(ValueError):
     """A target string that names no target tensortune can build for."""
+
+
+class NoDevice(TargetError):
+    """The target names this host's GPU, and the host has none (or no CuPy to see it)."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ class Target:
                 raise TargetError(f"bad target option {word!r} in {text!r}")
             options[match.group(1)] = match.group(2)
         if words[0] == "cuda":
-            return cls("cuda", options.get("device", "").replace("_", " "), (), 1, options.get("arch", ""))
+            return _cuda(options, text)
         target = host_target()
         if "mcpu" in options:
             target = replace(target, model=options["mcpu"])
@@ -57,7 +63,8 @@ class Target:
 
     def __str__(self) -> str:
         if self.kind == "cuda":
-            return f"cuda -device={self.model.replace(' ', '_')} -arch={self.arch}"
+            device = f" -device={self.model.replace(' ', '_')}" if self.model else ""
+            return f"cuda{device} -arch={self.arch}"
         return f"llvm -mcpu={self.model} -mattr={','.join('+' + f for f in self.features)} -threads={self.threads}"
 
     @property
@@ -77,6 +84,24 @@ class Target:
     @property
     def vector_registers(self) -> int:
         return 32 if "avx512f" in self.features else 16
+
+
+def _cuda(options: dict, text: str) -> Target:
+    """`-arch` names the architecture (no device needed); without it, the host's GPU is read."""
+    from .gpu_device import NoGpu, compute_capability, host_gpu
+
+    if "arch" in options:
+        try:
+            compute_capability(options["arch"])
+        except ValueError as error:
+            raise TargetError(f"{error} in {text!r}") from None
+        return Target("cuda", options.get("device", "").replace("_", " "), (), 1, options["arch"])
+    try:
+        gpu = host_gpu()
+    except NoGpu as error:
+        raise NoDevice(f"{error}; name an architecture to lower and compile without one, e.g. "
+                          f"'cuda -arch=sm_90'") from None
+    return Target("cuda", options.get("device", gpu.name.replace(" ", "_")).replace("_", " "), (), 1, gpu.arch)
 
 
 @cache

@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from db import Database, Job, Record
 from db.outage import unavailable
 from db.queue import JobQueue
-from search_space import NoTemplate, Workload, WorkloadError, format_program, get_space, host_target, lower
+from search_space import NoTemplate, Target, Workload, WorkloadError, format_program, get_space, host_target, lower
 from search_space.workload import OPS
 from tuner.allocation import TaskHistory, model_latency
 
@@ -120,6 +120,17 @@ def create_model_job(database: Database, request: JobIn) -> int:
                                      request.tuner, request.trials)
 
 
+def refuse_unmeasurable(target: str, runner: Runner | None) -> None:
+    """422 for a cuda job that this service's local pool could never measure: its host has no such GPU. (On a Ray
+    cluster a GPU node may join later; a service without a runner leaves measuring to another process.)"""
+    parsed = Target.parse(target)
+    if parsed.kind == "cuda" and runner is not None and runner.options.workers == "local":
+        from search_space.gpu_device import local_gpu_problem
+
+        if problem := local_gpu_problem(parsed.arch):
+            raise HTTPException(422, f"this service measures on its own host, and {problem}")
+
+
 def bearer(token: str | None):
     """A dependency refusing a request without `Authorization: Bearer <token>` (none when token is unset)."""
     scheme = HTTPBearer(auto_error=False)
@@ -163,6 +174,7 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
     @app.post("/api/jobs", status_code=201, response_model=JobOut, dependencies=writer,
               responses={501: {"description": "a model job, and this service has no PyTorch"}})
     def submit(request: JobIn):
+        refuse_unmeasurable(request.target, runner)
         if request.model is not None:
             job_id = create_model_job(database, request)
         else:

@@ -36,8 +36,10 @@ def show(op: str = OP_ARGUMENT,
          params: List[str] = typer.Argument(..., help="NAME=VALUE parameters, e.g. M=64 N=64 K=64"),
          config: Optional[int] = typer.Option(None, "--config", help="config index (default: the fallback config)"),
          target: str = TARGET_OPTION,
-         space_only: bool = typer.Option(False, "--space", help="print the knobs of the space instead")):
-    """Print the lowered loop nest of one config of a workload's space."""
+         space_only: bool = typer.Option(False, "--space", help="print the knobs of the space instead"),
+         source: bool = typer.Option(False, "--source", help="print the generated code alone: LLVM IR for llvm, "
+                                                             "CUDA C for cuda")):
+    """Print the lowered loop nest of one config of a workload's space (or its generated code)."""
     from search_space import fallback_config, format_program, get_space, lower
 
     workload, target_ = parse_workload(op, params), parse_target(target)
@@ -49,11 +51,17 @@ def show(op: str = OP_ARGUMENT,
                 print(f"  {knob.name:12} {knob.kind:8} {len(knob.candidates):4} choices: {list(knob.candidates)[:8]}")
             return
         chosen = space.get(config) if config is not None else fallback_config(workload, target_)
+        program = lower(workload, target_, chosen)
     except (InvalidConfig, NoTemplate) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(2)
+    if source:
+        from workers.build import generated_code
+
+        print(generated_code(program, target_), end="")
+        return
     print(f"# config {chosen.index} of {space.size}: {chosen}")
-    print(format_program(lower(workload, target_, chosen)))
+    print(format_program(program))
 
 
 @bench_app.command("kernels")
@@ -61,8 +69,16 @@ def bench_kernels(quick: bool = typer.Option(False, "--quick", help="fewer candi
                   json_lines: bool = typer.Option(False, "--json", help="one JSON object per line"),
                   trials: Optional[int] = typer.Option(None, "--trials", help="candidates measured per shape"),
                   only: Optional[str] = typer.Option(None, "--only", help="run the shapes whose key contains this"),
-                  seed: int = typer.Option(0, "--seed")):
-    """Best config found per shape beside NumPy, PyTorch and the peak FMA rate, at 1 thread and all cores."""
+                  seed: int = typer.Option(0, "--seed"),
+                  target: str = typer.Option("llvm", "--target", help="llvm, or cuda: this GPU against cuBLAS")):
+    """Best config found per shape beside NumPy, PyTorch and the peak FMA rate, at 1 thread and all cores
+    (with --target cuda: beside cuBLAS on this GPU)."""
+    if target.split()[0] == "cuda":
+        from bench.kernels_cuda import run as run_cuda
+
+        parse_target(target)  # one line, not a traceback, on a host without a GPU
+        run_cuda(quick=quick, json_lines=json_lines, trials=trials, only=only, seed=seed, target=target)
+        return
     from bench.kernels import run
 
     run(quick=quick, json_lines=json_lines, trials=trials, only=only, seed=seed)

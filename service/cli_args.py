@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from search_space import Target, TargetError, Workload, WorkloadError
+from search_space.target import NoDevice
 from search_space.workload import OPS, parse_params
 
 console = Console(stderr=True, soft_wrap=True)  # the CLI's messages: one line each, never broken at the width
@@ -42,7 +43,10 @@ def parse_workload(op: str, params: List[str]) -> Workload:
 
 
 def parse_target(text: str) -> Target:
+    """A target; one that names this host's GPU where there is none ends the command with one line."""
     try:
         return Target.parse(text)
+    except NoDevice as error:
+        fail(str(error))
     except TargetError as error:
         raise typer.BadParameter(str(error)) from None

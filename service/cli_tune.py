@@ -67,6 +67,12 @@ def tune(op: str = OP_ARGUMENT,
         get_space(workload, target_)
     except NoTemplate as error:
         fail(str(error), 2)
+    if target_.kind == "cuda" and workers == "local":
+        from search_space.gpu_device import local_gpu_problem
+
+        if problem := local_gpu_problem(target_.arch):
+            fail(f"{problem}; a cuda target is measured on a GPU: run this on a GPU host, or with --workers "
+                 f"pointing at a Ray cluster that has GPU nodes")
     database = open_database(db)
     done = None if again else database.done_job(workload, target_, tuner, trials)
     if done:

@@ -218,9 +218,10 @@ def test_an_error_fails_the_job_with_one_line(tmp_path):
 
 def test_tune_refuses_a_workload_with_no_template_before_making_a_job(tmp_path):
     db = f"sqlite:///{tmp_path}/t.db"
-    refused = subprocess.run(CLI + ["tune", "matmul", "M=64", "N=64", "K=64", "--target", "cuda", "--db", db],
+    conv = ["conv2d", "N=1", "C=8", "H=8", "W=8", "K=8", "R=3", "S=3", "stride=1", "pad=1"]
+    refused = subprocess.run(CLI + ["tune", *conv, "--target", "cuda -arch=sm_90", "--db", db],
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     [line] = refused.stderr.strip().splitlines()
-    assert line.startswith("error: no schedule template for matmul on cuda; templates exist for matmul on llvm")
+    assert line.startswith("error: no schedule template for conv2d on cuda; templates exist for matmul on llvm")
     assert JobQueue(Database(db)).jobs() == []

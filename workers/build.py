@@ -8,7 +8,7 @@ from search_space import Config, Program, Target, Workload, current_config, get_
 
 from .kernel import Kernel, cfunc
 from .llvm_codegen import generate
-from .llvm_jit import Compiled, compile_module
+from .llvm_jit import Compiled, compile_module, target_machine
 
 
 def resolve_config(workload: Workload, target: Target, config: Config | dict | int | None) -> Config:
@@ -32,11 +32,25 @@ def compile_program(program: Program, target: Target) -> tuple[list[Callable], C
     return [cfunc(compiled.address(stage.name), n_pointers) for stage in program.stages], compiled
 
 
+def generated_code(program: Program, target: Target) -> str:
+    """What the code generator makes of a program, as text: LLVM IR for llvm, CUDA C for cuda."""
+    if target.kind == "cuda":
+        from .cuda_codegen import generate as generate_cuda
+        return generate_cuda(program).code
+    module, machine = generate(program, target.threads), target_machine(target.model, target.features)
+    module.triple, module.data_layout = machine.triple, str(machine.target_data)
+    return str(module)
+
+
 def build(workload: Workload, target: Target | str = "llvm", config: Config | dict | int | None = None) -> Kernel:
-    """Compile a kernel; with config=None the active dispatch context (e.g. apply_history_best) chooses."""
+    """Compile a kernel (a CudaKernel for a cuda target); with config=None the active dispatch context (e.g.
+    apply_history_best) chooses."""
     target = Target.parse(target)
     config = resolve_config(workload, target, config)
     start = time.perf_counter()
     program = lower(workload, target, config)
+    if target.kind == "cuda":  # CUDA C by NVRTC: needs no GPU until the kernel is called
+        from .cuda_kernel import CudaKernel
+        return CudaKernel.compile(workload, target, config, program)
     stages, compiled = compile_program(program, target)
     return Kernel(workload, target, config, program, stages, compiled, time.perf_counter() - start)

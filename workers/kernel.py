@@ -29,6 +29,24 @@ def aligned_empty(shape: tuple[int, ...], dtype: str, alignment: int = 64) -> np
     return raw[start:start + size].view(dtype).reshape(shape)
 
 
+def check_array(op: str, buffer, array, role: str, types: tuple[type, ...] = (np.ndarray,)):
+    """`array` if it can stand for `buffer` (type, shape, dtype, C-contiguous, writable output), else a
+    KernelArgumentError that names the operand."""
+    what = f"{op} {role} {buffer.name}"
+    if not isinstance(array, types):
+        expected = " or ".join(f"a {t.__module__.split('.')[0]}.{t.__name__}" for t in types)
+        raise KernelArgumentError(f"{what}: expected {expected}, got {type(array).__name__}")
+    if array.shape != buffer.shape:
+        raise KernelArgumentError(f"{what}: expected shape {buffer.shape}, got {array.shape}")
+    if array.dtype != np.dtype(buffer.dtype):
+        raise KernelArgumentError(f"{what}: expected dtype {buffer.dtype}, got {array.dtype}")
+    if not array.flags.c_contiguous:
+        raise KernelArgumentError(f"{what}: must be C-contiguous (use numpy.ascontiguousarray)")
+    if role == "output" and not getattr(array.flags, "writeable", True):
+        raise KernelArgumentError(f"{what}: is read-only")
+    return array
+
+
 def stage_reads(stage: Stage) -> set[str]:
     names = set()
 
@@ -60,18 +78,7 @@ class Kernel:
         return f"Kernel({self.workload.key}, {self.target}, config {self.config.index})"
 
     def _check(self, buffer, array, role: str) -> np.ndarray:
-        what = f"{self.workload.op} {role} {buffer.name}"
-        if not isinstance(array, np.ndarray):
-            raise KernelArgumentError(f"{what}: expected a numpy.ndarray, got {type(array).__name__}")
-        if array.shape != buffer.shape:
-            raise KernelArgumentError(f"{what}: expected shape {buffer.shape}, got {array.shape}")
-        if array.dtype != np.dtype(buffer.dtype):
-            raise KernelArgumentError(f"{what}: expected dtype {buffer.dtype}, got {array.dtype}")
-        if not array.flags.c_contiguous:
-            raise KernelArgumentError(f"{what}: must be C-contiguous (use numpy.ascontiguousarray)")
-        if role == "output" and not array.flags.writeable:
-            raise KernelArgumentError(f"{what}: is read-only")
-        return array
+        return check_array(self.workload.op, buffer, array, role)
 
     def _arrays(self, inputs, out, bound: dict) -> dict[str, np.ndarray]:
         free = [b for b in self.inputs if b.name not in bound]

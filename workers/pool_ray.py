@@ -3,7 +3,8 @@
 Hosts advertise what they are through Ray resources: every node with a CPU gets a CPU agent,
 which reports its CPU model, and `llvm` candidates go only to agents of the candidate's CPU
 model; a node with the GPU resource (`num_gpus=1`, or a named resource in tests) gets a GPU
-agent for `cuda` candidates. Agents restart on failure (`max_restarts`); the candidates of a
+agent, which reports its GPU's name and architecture as CuPy sees them, and `cuda` candidates
+go only to agents of the candidate's architecture (and device, when the target names one). Agents restart on failure (`max_restarts`); the candidates of a
 lost agent are retried once on another agent of their kind, then recorded `worker_lost`. A
 watchdog kills (and so restarts) an agent that overruns its batch's timeouts.
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from search_space import Target, host_target
+from search_space.gpu_device import NoGpu, host_gpu
 
 from .pool import PoolOptions, RayPoolOptions
 from .pool_local import LocalPool
@@ -35,14 +37,21 @@ class HostAgent:
     The actor is threaded so that `describe` answers during a long batch; a lock keeps batches
     (and so the host's build/timing policy) one at a time."""
 
-    def __init__(self, options: PoolOptions, workers: int):
+    def __init__(self, options: PoolOptions, workers: int, kind: str = "llvm"):
         import ray
-        self.node = ray.get_runtime_context().get_node_id()
+        self.node, self.kind = ray.get_runtime_context().get_node_id(), kind
         self.pool = LocalPool(replace(options, workers=workers))
         self.lock = threading.Lock()
 
-    def describe(self) -> tuple[str, str, int]:
-        return self.node, host_target().model, os.getpid()
+    def describe(self) -> tuple[str, str, int, str]:
+        """(node, model, pid, arch): the CPU model, or the GPU's name and architecture ("" where CuPy sees none)."""
+        if self.kind == "llvm":
+            return self.node, host_target().model, os.getpid(), ""
+        try:
+            gpu = host_gpu()
+        except NoGpu:
+            return self.node, "", os.getpid(), ""
+        return self.node, gpu.name, os.getpid(), gpu.arch
 
     def measure(self, tasks: Sequence[Task], options: MeasureOptions) -> list[MeasureResult]:
         with self.lock:
@@ -56,6 +65,14 @@ class Agent:
     kind: str  # llvm or cuda
     model: str
     node: str
+    arch: str = ""  # cuda: the GPU's sm_XY
+
+    def serves(self, target: Target) -> bool:
+        if target.kind != self.kind:
+            return False
+        if target.kind == "cuda":
+            return bool(self.arch) and self.arch == target.arch and (not target.model or target.model == self.model)
+        return self.model == target.model
 
 
 class RayPool:
@@ -91,9 +108,9 @@ class RayPool:
                 started.append(("llvm", remote.options(num_cpus=1, **placement).remote(self.options, int(resources["CPU"]))))
             if resources.get(self.options.gpu_resource, 0) >= 1:
                 gpu = {"num_gpus": 1} if self.options.gpu_resource == "GPU" else {"resources": {self.options.gpu_resource: 1}}
-                started.append(("cuda", remote.options(num_cpus=0, **gpu, **placement).remote(self.options, 1)))
+                started.append(("cuda", remote.options(num_cpus=0, **gpu, **placement).remote(self.options, 1, "cuda")))
         described = ray.get([handle.describe.remote() for _, handle in started], timeout=self.options.start_timeout)
-        return [Agent(handle, kind, model, node) for (kind, handle), (node, model, _) in zip(started, described)]
+        return [Agent(handle, kind, model, node, arch) for (kind, handle), (node, model, _, arch) in zip(started, described)]
 
     @property
     def pids(self) -> list[int]:
@@ -103,10 +120,10 @@ class RayPool:
 
     def _route(self, task: Task) -> list[Agent]:
         target = Target.parse(task.target)
-        found = [a for a in self.agents if a.kind == target.kind and (target.kind == "cuda" or a.model == target.model)]
+        found = [a for a in self.agents if a.serves(target)]
         if not found:
             raise LookupError(f"no Ray worker host for target {task.target!r}; hosts: "
-                              + ", ".join(f"{a.kind} {a.model}" for a in self.agents))
+                              + ", ".join(f"{a.kind} {a.model or '(no GPU seen)'} {a.arch}".rstrip() for a in self.agents))
         return found
 
     def measure(self, tasks: Sequence[Task], options: MeasureOptions = MeasureOptions()) -> list[MeasureResult]:

@@ -14,6 +14,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -105,25 +106,54 @@ def _reference(workload: Workload) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     return inputs, workload.reference(*inputs)
 
 
+class TimedCall(Protocol):
+    """A kernel ready to run over fixed inputs: its output (for the check) and its timing samples."""
+
+    def output(self) -> np.ndarray: ...
+
+    def samples(self, options: MeasureOptions) -> list[float]: ...
+
+
+@dataclass
+class HostTimedCall:
+    """A CPU kernel's inference call over fixed inputs (dense weights packed once, as deployed), timed by
+    the host's clock; workers.cuda_measure.CudaTimedCall is its GPU counterpart."""
+
+    call: Callable[[], object]
+    out: np.ndarray
+
+    def output(self) -> np.ndarray:
+        self.call()
+        return self.out
+
+    def samples(self, options: MeasureOptions) -> list[float]:
+        flush = cache_flusher(options.flush_cache_bytes) if options.flush_cache_bytes else None
+        return time_samples(self.call, options.repeat, options.min_repeat_ms, flush, options.cooldown_ms)
+
+
+def timed_call(kernel, inputs) -> TimedCall:
+    if kernel.target.kind == "cuda":
+        from .cuda_measure import CudaTimedCall
+        return CudaTimedCall(kernel, inputs)
+    return HostTimedCall(*inference_call(kernel, inputs))
+
+
 def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
     """Check against NumPy, then time; the kernel's compile time is reported from its own clock."""
     kernel, phases = built.kernel, dict(built.phases)
     try:
         start = time.perf_counter()
         inputs, expected = _reference(kernel.workload)
-        call, out = inference_call(kernel, inputs)  # dense weights packed once, as deployed
+        timed = timed_call(kernel, inputs)
         if options.check:
-            call()
-            error = kernel.workload.max_error(out, expected)
+            error = kernel.workload.max_error(timed.output(), expected)
             if not error <= 1:
                 phases["check"] = time.perf_counter() - start
                 return failed(Outcome.WRONG_ANSWER, f"max error {error:.3g}x the tolerance",
                               built.started_at, phases)
         phases["check"] = time.perf_counter() - start
         start = time.perf_counter()
-        flush = cache_flusher(options.flush_cache_bytes) if options.flush_cache_bytes else None
-        samples = time_samples(call, options.repeat, options.min_repeat_ms,
-                               flush, options.cooldown_ms)
+        samples = timed.samples(options)
         phases["time"] = time.perf_counter() - start
     except Exception:  # noqa: BLE001
         return failed(Outcome.RUNTIME_ERROR, traceback.format_exc(), built.started_at, phases)

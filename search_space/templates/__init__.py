@@ -8,13 +8,16 @@ from ..program import Program
 from ..space import Config, ConfigSpace, InvalidConfig
 from ..target import Target
 from ..workload import Workload
-from . import conv2d, gemm
+from . import conv2d, gemm, gemm_cuda
 
 TEMPLATES: dict[tuple[str, str], ModuleType] = {
     ("matmul", "llvm"): gemm,
     ("dense", "llvm"): gemm,
     ("batch_matmul", "llvm"): gemm,
     ("conv2d", "llvm"): conv2d,
+    ("matmul", "cuda"): gemm_cuda,
+    ("dense", "cuda"): gemm_cuda,
+    ("batch_matmul", "cuda"): gemm_cuda,
 }
 
 

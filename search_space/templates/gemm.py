@@ -15,6 +15,7 @@ from ..space import Config, ConfigSpace, Knob
 from ..target import Target
 from ..workload import Workload
 from .epilogue import epilogue
+from .gemm_operands import gemm_operands
 
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 NR_CHOICES = (4, 8, 12, 16, 24, 32, 48, 64)
@@ -89,12 +90,7 @@ class _Gemm:
         self.pack = config["pack_b"]
         self.options = workload.p
         self.batched = workload.op == "batch_matmul"
-        names = {"matmul": ("A", "B", "C"), "dense": ("X", "W", "Y"), "batch_matmul": ("A", "B", "C")}[workload.op]
-        shapes = dict(workload.operand_shapes())
-        self.a = Buffer(names[0], shapes[names[0]], "input")
-        self.b = Buffer(names[1], shapes[names[1]], "input")
-        self.bias = Buffer("bias", shapes["bias"], "input") if "bias" in shapes else None
-        self.c = Buffer(names[2], workload.output_shape, "output")
+        self.a, self.b, self.bias, self.c = gemm_operands(workload)
         panels = -(-self.n // self.nr)
         self.bp = Buffer("Bp", ((self.batch,) if self.batched else ()) + (panels, self.k, self.nr), "packed")
         self.acc = Buffer("acc", (self.mr, self.nr), "register")
