@@ -71,16 +71,14 @@ def itervar_features(program: Program, flops: int) -> np.ndarray:
     loops = hot.loops[::-1][:MAX_LOOPS]  # innermost first
     rows = []
     below = 1
+    offsets = [dict(buffer.flat(index).terms) for buffer, index in unique]  # each access: loop var → stride
     for depth, loop in enumerate(loops):
         above = hot.weight // (below * loop.extent) if below * loop.extent else 1
         row = [_log(loop.extent), _log(above), _log(below)] + [float(loop.kind == k) for k in LOOP_KINDS]
-        inner = loops[:depth + 1]
-        for buffer, index in unique:
-            offset = buffer.flat(index)
-            stride = offset.coeff(loop.var)
-            touched = math.prod(l.extent for l in inner if offset.coeff(l.var))
-            iterations = math.prod(l.extent for l in inner)
-            row += [_log(stride * 4), _log(touched * 4), _log(iterations / max(1, touched))]
+        inner, iterations = loops[:depth + 1], below * loop.extent
+        for strides in offsets:
+            touched = math.prod(l.extent for l in inner if strides.get(l.var))
+            row += [_log(strides.get(loop.var, 0) * 4), _log(touched * 4), _log(iterations / max(1, touched))]
         row += [0.0] * BUFFER_FEATURES * (MAX_BUFFERS - len(unique))
         rows.append(row)
         below *= loop.extent

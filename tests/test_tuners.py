@@ -70,3 +70,20 @@ def test_an_unknown_feature_kind_is_refused_when_the_options_are_made():
     from tuner.cost_model import CostModelOptions
     with pytest.raises(ValueError, match="unknown feature kind 'ast'; kinds: itervar, knob"):
         CostModelOptions(feature="ast")
+
+
+def test_xgb_refits_after_every_batch_but_searches_only_every_research_every_trials(pool):
+    """A search lowers thousands of configs; between searches the plan is re-ranked by the refit model."""
+    from tuner.xgb_tuner import XGBOptions, XGBTuner
+
+    tuner = XGBTuner(get_space(WORKLOAD, TARGET), 0, workload=WORKLOAD, target=TARGET,
+                     options=XGBOptions(research_every=8, epsilon=0.0))
+    searches, fits = [], []
+    search, fit = tuner._search, tuner.model.fit
+    tuner._search = lambda: searches.append(len(tuner.measured)) or search()
+    tuner.model.fit = lambda *args: fits.append(len(args[0])) or fit(*args)
+    for _ in range(6):
+        batch = tuner.propose(4)
+        tuner.observe(batch, pool.measure([Task.of(MeasureInput(WORKLOAD, TARGET, c)) for c in batch], FAST))
+    assert fits == [4, 8, 12, 16, 20, 24]
+    assert searches == [4, 12, 20]  # the first model's search, then one per 8 trials
