@@ -96,6 +96,7 @@ def big_allocation() -> Program:
 
 PROGRAMS = {
     "correct": correct, "wrong_answer": lambda: matmul_nest(lambda m, n: Const(1.0)),
+    "nan": lambda: matmul_nest(lambda m, n: Const(float("nan"))), "inf": lambda: matmul_nest(lambda m, n: Const(float("inf"))),
     "out_of_bounds": out_of_bounds, "endless": endless, "huge_unroll": huge_unroll,
     "runaway_allocation": runaway_allocation, "big_allocation": big_allocation,
 }

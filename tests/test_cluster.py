@@ -68,7 +68,7 @@ def test_a_job_over_http_is_measured_on_the_worker_node_and_stored_in_postgresql
             with Database(url) as database:
                 records = database.job_records(job_id)
             assert len(records) == TRIALS
-            assert sum(r.result.ok for r in records) >= 1
+            assert [r.result.error for r in records if not r.result.ok] == []  # every candidate measured
             assert {r.result.worker.split("/")[0] for r in records} == {f"ray-{node[:8]}"}
         finally:
             for process in reversed(started):

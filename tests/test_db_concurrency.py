@@ -8,10 +8,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 from db_helpers import db_url  # noqa: F401 (fixture)
+from serve_helpers import wait_for
 from sqlalchemy import select
 
 from db import Database
@@ -28,7 +28,11 @@ WRITER = textwrap.dedent("""
     from workers import MeasureInput, MeasureResult, Outcome
 
     url, writer, count, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    Path(f"{go}.{writer}").touch()  # ready: imports done, waiting at the gate
+    deadline = time.monotonic() + 60
     while not go.exists():
+        if time.monotonic() > deadline:
+            sys.exit("the gate never opened")
         time.sleep(0.002)
     workload, target = matmul(16, 16, 16), host_target()
     space = get_space(workload, target)
@@ -46,7 +50,7 @@ def test_concurrent_writer_processes_store_every_row_once(db_url, tmp_path):
     go = tmp_path / "go"
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, db_url, str(w), str(RECORDS), str(go)], cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in range(WRITERS)]
-    time.sleep(0.5)  # let them all start and wait at the gate
+    wait_for(lambda: all(Path(f"{go}.{w}").exists() for w in range(WRITERS)), 60, "the writers at the gate")
     go.touch()
     jobs = {}
     for number, writer in enumerate(writers):

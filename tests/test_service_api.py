@@ -1,6 +1,4 @@
 """The REST API over a real runner and a real local pool, on SQLite and PostgreSQL."""
-import time
-
 import pytest
 from fastapi.testclient import TestClient
 
@@ -9,6 +7,7 @@ from search_space import Target, Workload
 from service.api import create_app
 from service.runner import Runner, RunnerOptions
 from tests.db_helpers import BACKENDS, pg_schema
+from tests.serve_helpers import job_in, measured, runners_idle
 from workers.task import MeasureOptions
 
 FAST = MeasureOptions(repeat=2, min_repeat_ms=1.0)
@@ -31,24 +30,18 @@ def database(request, tmp_path):
         database.close()
 
 
-def wait_for(client: TestClient, job_id: int, statuses: tuple, seconds: float = 60) -> dict:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        job = client.get(f"/api/jobs/{job_id}").json()
-        if job["status"] in statuses:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} still {job['status']}")
+def runner(database: Database) -> Runner:
+    return Runner(database, RunnerOptions(workers="local", poll_seconds=0.1, measure=FAST))
 
 
 def test_a_job_submitted_over_http_runs_to_done_with_its_measurements(database):
-    runner = Runner(database, RunnerOptions(workers="local", poll_seconds=0.1, measure=FAST))
-    with TestClient(create_app(database, runner, token="s3cret")) as client:
+    with TestClient(create_app(database, runner(database), token="s3cret")) as client:
         created = client.post("/api/jobs", json=job_body(), headers=TOKEN)
         assert created.status_code == 201 and created.json()["status"] == "queued"
-        job = wait_for(client, created.json()["id"], ("done", "failed"))
-        assert job["status"] == "done" and job["trials_done"] == 8 and len(job["curve"]) == 8
-        assert job["curve"] == sorted(job["curve"]) and job["best_gflops"] == job["curve"][-1] > 0
+        job = job_in(client, created.json()["id"], ("done", "failed"))
+        stored = [r.result.gflops for r in database.job_records(job["id"])]
+        assert job["status"] == "done" and job["trials_done"] == 8
+        assert job["curve"] == [max(stored[:n + 1]) for n in range(8)] and job["best_gflops"] == job["curve"][-1] > 0
         assert sum(job["outcomes"].values()) == 8 and job["best_config"]["knobs"]
         assert [c["gflops"] for c in job["candidates"]] == [r.result.gflops for r in database.job_records(job["id"])]
         assert "for " in job["best_program"]
@@ -66,33 +59,43 @@ def test_a_job_submitted_over_http_runs_to_done_with_its_measurements(database):
 def test_a_job_that_cannot_run_fails_with_a_one_line_reason_and_the_runner_goes_on(database):
     """A job the API would refuse now (no template for cuda), queued by an older version: the runner fails
     it with one line and runs the next job."""
-    doomed = database.create_job(Workload.make("matmul", M=8, N=8, K=8), Target.parse("cuda"), "random", 4)
-    runner = Runner(database, RunnerOptions(workers="local", poll_seconds=0.1, measure=FAST))
-    with TestClient(create_app(database, runner)) as client:
+    conv = Workload.make("conv2d", N=1, C=8, H=8, W=8, K=8, R=3, S=3, stride=1, pad=1)
+    doomed = database.create_job(conv, Target.parse("cuda -arch=sm_90"), "random", 4)
+    with TestClient(create_app(database, runner(database))) as client:
         fine = client.post("/api/jobs", json=job_body(trials=4)).json()["id"]
-        assert wait_for(client, fine, ("done", "failed"))["status"] == "done"
+        assert job_in(client, fine, ("done", "failed"))["status"] == "done"
         failed = client.get(f"/api/jobs/{doomed}").json()
     assert failed["status"] == "failed" and failed["trials_done"] == 0
-    assert failed["error"].startswith("NoTemplate: no schedule template for matmul on cuda") and "\n" not in failed["error"]
+    assert failed["error"].startswith("NoTemplate: no schedule template for conv2d on cuda") and "\n" not in failed["error"]
 
 
 def test_cancel_stops_a_running_job_and_a_queued_one(database):
-    runner = Runner(database, RunnerOptions(workers="local", poll_seconds=0.1, measure=FAST))
-    with TestClient(create_app(database, runner)) as client:
+    with TestClient(create_app(database, runner(database))) as client:
         running = client.post("/api/jobs", json=job_body(trials=400, M=32, N=32, K=32)).json()["id"]
         queued = client.post("/api/jobs", json=job_body()).json()["id"]
-        wait_for(client, running, ("running",))
-        while client.get(f"/api/jobs/{running}").json()["trials_done"] < 4:
-            time.sleep(0.1)
+        measured(client, running, 4)
         assert client.post(f"/api/jobs/{queued}/cancel").json()["status"] == "cancelled"
         assert client.post(f"/api/jobs/{running}/cancel").json()["status"] == "cancelled"
-        time.sleep(1.5)  # the batch in flight finishes; nothing after it
+        runners_idle(client)  # the batch in flight finishes; the runner takes nothing after it
         done = client.get(f"/api/jobs/{running}").json()
         assert done["status"] == "cancelled" and 4 <= done["trials_done"] < 400
-        time.sleep(1.0)
-        assert client.get(f"/api/jobs/{running}").json()["trials_done"] == done["trials_done"]
+        assert done["trials_done"] == len(database.job_records(running))
         assert client.get(f"/api/jobs/{queued}").json()["trials_done"] == 0
         assert client.post("/api/jobs/999/cancel").status_code == 404
+
+
+def test_a_stopped_service_requeues_its_job_and_a_later_one_resumes_it(database):
+    """Shutdown mid-job hands the job back to the queue (not cancelled); the next service finishes its budget
+    from its records, measuring nothing twice."""
+    with TestClient(create_app(database, runner(database))) as client:
+        job_id = client.post("/api/jobs", json=job_body(trials=24)).json()["id"]
+        measured(client, job_id, 4)
+    before = len(database.job_records(job_id))
+    assert database.job(job_id).status == "queued" and 4 <= before < 24
+    with TestClient(create_app(database, runner(database))) as client:
+        job = job_in(client, job_id, ("done", "failed"))
+    configs = [r.input.config.index for r in database.job_records(job_id)]
+    assert job["status"] == "done" and len(configs) == len(set(configs)) == 24
 
 
 @pytest.mark.parametrize("body, message", [
@@ -104,8 +107,9 @@ def test_cancel_stops_a_running_job_and_a_queued_one(database):
     ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "trials": 10**6}, "less than or equal"),
     ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "target": "opencl"}, "unknown target"),
     ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "tuner": "bayes"}, "'xgb', 'random'"),
-    ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "target": "cuda"},
-     "no schedule template for matmul on cuda"),
+    ({"workload": {"op": "conv2d", "params": dict(N=1, C=8, H=8, W=8, K=8, R=3, S=3, stride=1, pad=1)},
+      "target": "cuda -arch=sm_90"}, "no schedule template for conv2d on cuda"),
+    ({"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}, "target": "cuda"}, "no CUDA GPU on this host"),
 ])
 def test_bad_requests_get_precise_422s(tmp_path, body, message):
     client = TestClient(create_app(Database(f"sqlite:///{tmp_path}/api.db")))

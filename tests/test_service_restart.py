@@ -4,11 +4,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from db import Database
 from db_helpers import db_url  # noqa: F401 (fixture)
-from tests.serve_helpers import SERVE, free_port, start
+from tests.serve_helpers import SERVE, free_port, start, wait_for
 
 CLI = [sys.executable, "-m", "service"]
 
@@ -23,17 +22,13 @@ def test_a_killed_service_resumes_its_job_without_repeating_or_losing_a_measurem
                                    text=True, check=True)
         job_id = int(submitted.stdout.strip())
         database = Database(url)
-        deadline = time.monotonic() + 60
-        while len(database.job_records(job_id)) < 6 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: len(database.job_records(job_id)) >= 6, 60, "6 records")
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
         before = len(database.job_records(job_id))
         assert 6 <= before < 30 and database.job(job_id).status == "running"
         server = start(url, port, env)
-        deadline = time.monotonic() + 90
-        while database.job(job_id).status != "done" and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(lambda: database.job(job_id).status in ("done", "failed"), 90, "the job to end")
         records = database.job_records(job_id)
         assert database.job(job_id).status == "done" and len(records) == 30
         assert len({r.input.config.index for r in records}) == 30

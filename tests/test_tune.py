@@ -3,14 +3,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from db_helpers import measurement
+from serve_helpers import wait_for
 
 from db import Database
 from db.queue import JobQueue
 from search_space import Target, matmul
 from tuner.tune import tune
+from workers import Outcome
 from workers.pool import make_pool
 from workers.task import MeasureOptions
 
@@ -34,13 +36,44 @@ def test_tune_records_every_trial_once(tmp_path, pool, tuner):
     assert len(result.measured) == len(records) == len(seen) == 20
     assert len({r.input.config.index for r in records}) == 20
     assert database.job(result.job_id).status == "done"
-    assert result.curve == sorted(result.curve) and result.curve[-1] == result.best[1].gflops > 0
+    stored = [r.result.gflops for r in records]
+    assert result.curve == [max(stored[:n + 1]) for n in range(20)] and result.curve[-1] == result.best[1].gflops > 0
 
 
-def test_early_stopping_ends_a_job_before_its_budget(tmp_path, pool):
+def trials_since_best(gflops: list[float]) -> int:
+    """How many trials came after the last one that beat every trial before it."""
+    best, since = 0.0, 0
+    for value in gflops:
+        since = 0 if value > best else since + 1
+        best = max(best, value)
+    return since
+
+
+def test_early_stopping_ends_a_job_at_the_first_batch_past_its_patience(tmp_path, pool):
+    """Patience 6, batches of 4: the job ends after the batch that brings 6 trials without a better config,
+    so it ended with at least 6 and fewer than 6 + 4 such trials."""
     database = Database(f"sqlite:///{tmp_path}/t.db")
     result = tune(matmul(16, 16, 16), TARGET, 200, "random", database, pool, batch=4, early_stopping=6, measure=FAST)
-    assert len(result.measured) < 200
+    since = trials_since_best([r.gflops for _, r in result.measured])
+    assert len(result.measured) < 200 and 6 <= since < 10, (len(result.measured), since)
+    assert database.job(result.job_id).status == "done"
+
+
+@pytest.mark.parametrize("tuner", ["grid", "xgb"])
+def test_a_resumed_job_measures_none_of_its_configs_again_failed_ones_included(tmp_path, pool, tuner):
+    """A job left with failed records beside an ok one (grid's first three configs) resumes from all of
+    them: it measures the rest of its 8-trial budget, no config twice. Reloading only its ok record, grid
+    would measure configs 0 and 2 again, and any tuner would overrun the budget."""
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    workload = matmul(16, 16, 16)
+    job = database.create_job(workload, TARGET, tuner, 8)
+    for index, outcome in [(0, Outcome.COMPILE_ERROR), (1, Outcome.OK), (2, Outcome.WRONG_ANSWER)]:
+        database.record(*measurement(workload, TARGET, index, 1e-5, outcome), job_id=job)
+    result = tune(workload, TARGET, 8, tuner, database, pool, batch=4, measure=FAST)
+    configs = [r.input.config.index for r in database.job_records(job)]
+    assert len(configs) == len(set(configs)) == 8 and configs[:3] == [0, 1, 2], configs
+    assert result.job_id == job and result.resumed == 3
+    assert database.job(job).status == "done"
 
 
 @pytest.mark.parametrize("trials", [40, 6])
@@ -80,14 +113,12 @@ def test_a_killed_tune_resumes_without_repeating_a_config(tmp_path):
                "--tuner", "random", "--target", "llvm -threads=1", "--db", url]
     process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     database = Database(url)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        job = database.unfinished_job(matmul(48, 48, 48), TARGET, "random", 30)
-        if job and len(database.job_records(job.id)) >= 8:
-            break
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)  # the CLI and its worker processes, mid-job
-    process.wait()
+    try:
+        job = wait_for(lambda: (job := database.unfinished_job(matmul(48, 48, 48), TARGET, "random", 30))
+                       and len(database.job_records(job.id)) >= 8 and job, 120, "the job's first 8 records")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the CLI and its worker processes, mid-job
+        process.wait()
     done_before = len(database.job_records(job.id))
     assert 8 <= done_before < 30
     finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
