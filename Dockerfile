@@ -1,4 +1,4 @@
-# One image for every tensortune service of docker-compose.yml: the Ray head with `tensortune serve`,
+# The image of every tensortune service of docker-compose.yml: the Ray head with `tensortune serve`,
 # and the CPU and GPU worker nodes (a worker needs the project too: Ray runs its agents there).
 FROM python:3.11-slim
 
@@ -9,7 +9,11 @@ RUN apt-get update \
 
 WORKDIR /opt/tensortune
 COPY . .
-RUN pip install --no-cache-dir .
+# EXTRAS: the pyproject extras this image installs, none by default (the head and the CPU workers stay lean);
+# docker-compose.yml builds the GPU worker's image with EXTRAS=cuda,cublas (CuPy, NVRTC and cudart for the
+# candidates; cuBLAS for `tensortune bench kernels --target cuda`'s reference)
+ARG EXTRAS=""
+RUN pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}"
 
 # Ray refuses unauthenticated clients; the token itself comes from the environment (RAY_AUTH_TOKEN)
 ENV RAY_AUTH_MODE=token

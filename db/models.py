@@ -87,6 +87,7 @@ class JobRow(Base):
     error: Mapped[str] = mapped_column(Text, default="")
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))  # the model job of a task's job
     model: Mapped[str | None] = mapped_column(String(128))  # a model job's name, if it was given one
+    waiting: Mapped[str] = mapped_column(String(256), server_default="")  # a queued job's missing worker host
 
 
 class MeasurementRow(Base):

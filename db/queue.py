@@ -35,11 +35,12 @@ class JobQueue:
         self.locks = job_locks(database.engine)
         self._claiming = threading.Lock()  # this process's claims, one at a time
 
-    def claim(self, models: Collection[str] | None = None) -> Claim | None:
+    def claim(self, models: Collection[str] | None = None, waiting: Collection[int] = ()) -> Claim | None:
         """The oldest job nobody runs, now `running` and this caller's; None when there is none. `models`
         names the model jobs the caller can run (a service: its presets; None: any), so that a model job
-        `tensortune tune-model path.py:fn` left behind waits for that command rather than failing."""
-        runnable = JobRow.parent_id.is_(None)
+        `tensortune tune-model path.py:fn` left behind waits for that command rather than failing; `waiting`
+        names jobs the caller put back to wait for a worker host, left alone until it sees one join."""
+        runnable = and_(JobRow.parent_id.is_(None), JobRow.id.not_in(list(waiting)))
         if models is not None:
             runnable = and_(runnable, or_(~MODEL_JOB, JobRow.model.in_(list(models))))
         query = select(JobRow.id, JobRow.status).where(JobRow.status.in_(ACTIVE), runnable).order_by(
@@ -52,7 +53,7 @@ class JobQueue:
                 if claim is None:
                     continue  # running, and its runner is alive
                 moved = session.execute(update(JobRow).where(JobRow.id == job_id, JobRow.status == status)
-                                        .values(status="running", started_at=utcnow(), error="")).rowcount
+                                        .values(status="running", started_at=utcnow(), error="", waiting="")).rowcount
                 session.commit()
                 if moved:
                     return claim
@@ -99,7 +100,7 @@ class JobQueue:
         with self.database.sessions() as session:
             session.execute(update(JobRow).where(or_(JobRow.id == job_id, JobRow.parent_id == job_id),
                                                  JobRow.status.in_(ACTIVE))
-                            .values(status="cancelled", finished_at=utcnow()))
+                            .values(status="cancelled", finished_at=utcnow(), waiting=""))
             session.commit()
         return self.database.job(job_id)
 

@@ -49,6 +49,7 @@ class Job:
     error: str
     parent_id: int | None = None
     model: str | None = None
+    waiting: str = ""  # what a queued job waits for: the worker host of its target, which no pool has yet
 
 
 class Database:
@@ -250,12 +251,15 @@ class Database:
             session.commit()
         return new_id
 
-    def update_job(self, job_id: int, status: str, error: str = "", trials: int | None = None) -> None:
+    def update_job(self, job_id: int, status: str, error: str = "", trials: int | None = None,
+                   waiting: str = "") -> None:
         """Move a job to `status`, stamping when it started or finished (and setting its budget to `trials`,
-        when given: a model's task job gets its share)."""
+        when given: a model's task job gets its share), waiting for what `waiting` says (a queued job's host)."""
         if status not in JOB_STATUSES:
             raise ValueError(f"unknown job status {status!r}; known: {', '.join(JOB_STATUSES)}")
-        values: dict = {"status": status, "error": error} | ({} if trials is None else {"trials": trials})
+        values: dict = {"status": status, "error": error, "waiting": waiting}
+        if trials is not None:
+            values["trials"] = trials
         if status == "running":
             values["started_at"] = utcnow()
         elif status in FINISHED:
@@ -328,4 +332,4 @@ class Database:
         workload = Workload.from_key(session.get(WorkloadRow, row.workload_id).key)
         target = target_from_row(session.get(TargetRow, row.target_id))
         return Job(row.id, workload, target, row.tuner, row.trials, row.status, row.created_at,
-                   row.started_at, row.finished_at, row.error, row.parent_id, row.model)
+                   row.started_at, row.finished_at, row.error, row.parent_id, row.model, row.waiting)

@@ -40,7 +40,7 @@ def job_out(job: Job, progress: tuple[int, float] | None) -> dict:
             "tuner": job.tuner, "trials": job.trials, "status": job.status,
             "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at,
             "error": job.error, "trials_done": done, "best_gflops": None if job.model else (best or None),
-            "model": job.model, "parent_id": job.parent_id}
+            "model": job.model, "parent_id": job.parent_id, "waiting": job.waiting}
 
 
 def measured_out(records: list[Record]) -> dict:

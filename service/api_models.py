@@ -87,6 +87,9 @@ class JobOut(BaseModel):
                                                      "and for a model job (its tasks' are in its detail)")
     model: Optional[str] = Field(None, description="a model job's name; its workload is its first task's")
     parent_id: Optional[int] = Field(None, description="the model job of a task's job (listed in that job's tasks)")
+    waiting: str = Field("", description="what a queued job waits for, e.g. 'a GPU worker (sm_90)': no worker "
+                                          "host of its Ray cluster serves its target yet, and one may join; empty "
+                                          "otherwise")
 
 
 class CandidateOut(BaseModel):

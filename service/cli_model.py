@@ -7,6 +7,8 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
+from search_space import Workload
+
 from .cli_args import DB_OPTION, TARGET_OPTION, console, fail, open_database, parse_target
 
 MODEL_HELP = "a preset (bert-layer, bert-base, resnet18) or path/to/file.py:function returning (model, example_inputs)"
@@ -38,9 +40,9 @@ def progress_table(progress) -> Table:
     table = Table(title=f"{progress.trials}/{progress.budget} trials; estimated model latency {latency}",
                   title_justify="left")
     for column in ("weight", "workload", "trials", "best GFLOPS"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column)
     for task in progress.tasks:
-        table.add_row(str(task.weight), task.workload, str(task.trials),
+        table.add_row(str(task.weight), Workload.from_key(task.workload).label, str(task.trials),
                       f"{task.best_gflops:.1f}" if task.best_gflops else "-")
     return table
 
@@ -59,6 +61,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
     from tuner.scheduler import tune_tasks
     from tuner.tune import JobFailed
 
+    from .host_waits import WaitingForHosts, waiting_line
     from .runner import make_measurer
 
     target_, database = parse_target(target), open_database(db)  # a bad --db fails before seconds of tracing
@@ -67,7 +70,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
         tasks = extract_tasks(net, inputs)
     except NothingToTune as error:
         fail(str(error))
-    measurer = make_measurer(workers)
+    measurer = WaitingForHosts(make_measurer(workers), lambda error: console.print(waiting_line(error), markup=False))
     try:
         with Live(console=console, transient=False) as live:
             result = tune_tasks(tasks, target_, trials, database, tuner, measurer, name=model,

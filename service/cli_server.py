@@ -56,20 +56,20 @@ def submit(op: Optional[str] = typer.Argument(None, help=f"{OP_ARGUMENT.help} (o
 
 
 def jobs(server: Optional[str] = ServerOption, limit: int = typer.Option(50, "--limit", min=1, max=1000)):
-    """The server's newest jobs with their progress (a model job's over all its tasks); a failed job's reason
-    follows the table, whole."""
+    """The server's newest jobs with their progress (a model job's over all its tasks); a failed job's reason, and
+    what a waiting job waits for, follow the table, whole."""
     table = Table("id", "workload or model", Column("target", no_wrap=True), "tuner", "status", "trials", "GFLOPS",
                   box=box.SIMPLE_HEAD)
-    failed = []
+    notes = []
     for job in request(server, "GET", "/api/jobs", params={"limit": limit}):
         best = f"{job['best_gflops']:.1f}" if job["best_gflops"] else "-"
         table.add_row(str(job["id"]), f"model {job['model']}" if job["model"] else job["workload_label"],
                       job["target_label"], job["tuner"], job["status"], f"{job['trials_done']}/{job['trials']}", best)
-        if job["error"]:
-            failed.append(f"job {job['id']} {job['status']}: {job['error']}")
+        if job["error"] or job.get("waiting"):  # a server older than `waiting` leaves it out
+            notes.append(f"job {job['id']} {job['status']}: {job['error'] or 'waiting for ' + job['waiting']}")
     out = Console(soft_wrap=False)
     out.print(table)
-    for line in failed:
+    for line in notes:
         out.print(line, markup=False, highlight=False)
 
 

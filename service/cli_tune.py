@@ -59,6 +59,9 @@ def tune(op: str = OP_ARGUMENT,
     from tuner import TUNERS
     from tuner.tune import JobFailed
     from tuner.tune import tune as run_tune
+    from workers.pool import NoWorkerHost
+
+    from .host_waits import WaitingForHosts, waiting_line
 
     workload, target_ = parse_workload(op, params), parse_target(target)
     if tuner not in TUNERS:
@@ -99,7 +102,11 @@ def tune(op: str = OP_ARGUMENT,
             progress.console.print(f"[yellow]{escape(message)}[/yellow]", highlight=False)
             progress.update(bar, status="[yellow]waiting for the database[/yellow]")
 
-        measurer = make_measurer(workers)
+        def on_host_wait(error: NoWorkerHost) -> None:
+            progress.console.print(f"[yellow]{escape(waiting_line(error))}[/yellow]", highlight=False)
+            progress.update(bar, status=f"[yellow]waiting for {escape(error.awaited)}[/yellow]")
+
+        measurer = WaitingForHosts(make_measurer(workers), on_host_wait)
         try:
             result = run_tune(workload, target_, trials, tuner, database, measurer, early_stopping=early_stopping,
                               seed=seed, known=not remeasure, on_result=on_result, on_wait=on_wait)

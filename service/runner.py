@@ -2,7 +2,9 @@
 
 Each thread owns its measurement pool, so jobs on different threads never share worker
 processes. A job the service stops for shutdown goes back to the queue (it resumes from its
-records); a job the user cancels stops after its batch in flight and stays `cancelled`.
+records); a job the user cancels stops after its batch in flight and stays `cancelled`. A job whose
+target no worker host of the Ray cluster serves yet goes back to the queue too, until one joins
+(service/host_waits.py).
 
 A model job is tuned by its tasks' scheduler (tuner/scheduler.py). The service tunes presets only
 (frontend/presets.py; never a file a request names), their tasks extracted here with PyTorch, which
@@ -20,9 +22,12 @@ from typing import TYPE_CHECKING, Callable
 
 from db import Database, Job
 from db.job_locks import Claim
-from db.outage import unavailable, wait_until_reachable
+from db.outage import Backoff, unavailable, wait_until_reachable
 from db.queue import JobQueue
+from workers.pool import NoWorkerHost
 from workers.task import MeasureOptions
+
+from .host_waits import HOST_BACKOFF, HostWaits
 
 if TYPE_CHECKING:
     from tuner.scheduler import TasksProgress, TuningTask
@@ -93,6 +98,7 @@ class RunnerOptions:
     workers: str = field(default_factory=default_workers)
     poll_seconds: float = 0.5  # how often an idle thread looks at the queue
     measure: MeasureOptions = field(default_factory=MeasureOptions)
+    host_backoff: Backoff = HOST_BACKOFF  # how often a job waiting for a worker host looks for one
 
 
 @dataclass
@@ -111,6 +117,7 @@ class Runner:
         self.options = options
         self.queue = JobQueue(database)
         self.slots = [Slot(f"runner-{n}") for n in range(options.threads)]
+        self.waits = HostWaits(options.host_backoff)
         self._closing = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -146,15 +153,20 @@ class Runner:
     def _next(self, slot: Slot) -> bool:
         """Claim the oldest job and run it; False when there was none. An error fails the job (with a fresh
         pool for the next); an outage hands it back to whoever claims it next, which resumes it from its
-        records."""
+        records; so does a pool with no worker host for its target, the job waiting until one joins."""
         from tuner.tune import JobFailed, failure_reason  # here: the CLI imports this module, and tuner is slow
 
-        claim = self.queue.claim(runnable_models())
+        self._look_for_hosts(slot)
+        claim = self.queue.claim(runnable_models(), self.waits.job_ids())
         if claim is None:
             return False
         try:
             slot.pool = slot.pool or make_measurer(self.options.workers)
             self._run(slot, claim)
+        except NoWorkerHost as error:
+            self._move(claim, "queued", waiting=error.awaited)
+            self.waits.add(claim.job_id, error.target)
+            log.warning("%s: job %d waits for %s to join: %s", slot.name, claim.job_id, error.awaited, error)
         except Exception as error:
             if unavailable(error):
                 log.warning("%s: job %d paused by the database; it resumes from its records", slot.name, claim.job_id)
@@ -171,8 +183,21 @@ class Runner:
             slot.job_id = None
         return True
 
+    def _look_for_hosts(self, slot: Slot) -> None:
+        """Look, where due, for the hosts of the jobs put back to wait: a job whose host has joined may be claimed
+        again; one no longer queued (cancelled, or taken by another service) is forgotten."""
+        for wait in self.waits.due():
+            if self.database.job(wait.job_id).status == "queued":
+                slot.pool = slot.pool or make_measurer(self.options.workers)
+                try:
+                    slot.pool.require_host(wait.target)
+                except NoWorkerHost:
+                    continue
+            self.waits.forget(wait.job_id)
+
     def _run(self, slot: Slot, claim: Claim) -> None:
         job = self.database.job(claim.job_id)
+        slot.pool.require_host(job.target)
         slot.job_id = job.id
         shutdown = []
 
@@ -218,9 +243,9 @@ class Runner:
         tune_tasks(tuning, job.target, job.trials, self.database, job.tuner, slot.pool, measure=self.options.measure,
                    on_progress=counted, stop=stop, name=job.model, job=claim)
 
-    def _move(self, claim: Claim, status: str, reason: str = "") -> None:
+    def _move(self, claim: Claim, status: str, reason: str = "", waiting: str = "") -> None:
         """Move a claimed job to `status`, a model job with its tasks' jobs."""
         database = self.database.fenced(claim)
         for task in database.children(claim.job_id):
-            database.update_job(task.id, status, reason)
-        database.update_job(claim.job_id, status, reason)
+            database.update_job(task.id, status, reason, waiting=waiting)
+        database.update_job(claim.job_id, status, reason, waiting=waiting)

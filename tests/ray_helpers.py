@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
+from typing import Iterator, Sequence
 
 from tests.serve_helpers import free_port, wait_for
 
@@ -53,3 +55,33 @@ def forget_cluster(port: int) -> None:
     current = "/tmp/ray/ray_current_cluster"
     if os.path.exists(current) and open(current).read().strip().endswith(f":{port}"):
         os.remove(current)
+
+
+def alive_nodes() -> int:
+    import ray
+
+    return len([node for node in ray.nodes() if node["Alive"]])
+
+
+@contextlib.contextmanager
+def two_node_cluster(env: dict, head: Sequence[str], second: Sequence[str]) -> Iterator[str]:
+    """A head started with the options `head` and a node with `second`, this process's driver connected to them;
+    yields the head's address, and stops exactly these two nodes after."""
+    os.environ.setdefault("RAY_AUTH_MODE", "token")  # nodes and driver must agree; read when ray is imported
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))  # a fresh machine has no ~/.ray/auth_token
+    import ray  # a core dependency: missing, the tests fail rather than skip
+
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    env = env | {name: os.environ[name] for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    nodes = [start_head(env, port, *head)]
+    try:
+        nodes.append(start_node(env, f"--address={address}", *second))
+        ray.init(address=address, logging_level="warning")
+        wait_for(lambda: alive_nodes() == 2, 60, "two Ray nodes")
+        yield address
+        ray.shutdown()
+    finally:
+        for node in reversed(nodes):
+            stop(node)
+        forget_cluster(port)

@@ -7,12 +7,14 @@ after the same `${VAR:-default}` interpolation compose does."""
 import os
 import re
 import shlex
+import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 import typer.main
 import yaml
+from packaging.requirements import Requirement
 from sqlalchemy.engine import make_url
 
 from service.cli import app
@@ -71,6 +73,24 @@ def program(compose: dict, service: str, name: str) -> dict:
     return found[0]
 
 
+def build_args(service: dict) -> dict:
+    """The build arguments of a service's image; each image is built from the Dockerfile at the root."""
+    build = service["build"] if isinstance(service["build"], dict) else {"context": service["build"]}
+    assert build["context"] == "." and "dockerfile" not in build
+    return build.get("args", {})
+
+
+def installed(extras: str | None) -> list[str]:
+    """The arguments of the Dockerfile's `pip install`, as the image's /bin/sh expands them for build arg
+    EXTRAS (None: its default)."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    default = re.search(r'^ARG EXTRAS="(.*)"$', dockerfile, re.M).group(1)
+    words = re.search(r"^RUN pip install (.*)$", dockerfile, re.M).group(1)
+    shell = subprocess.run(["sh", "-c", f'set -- {words}; printf "%s\\n" "$@"'], capture_output=True, text=True,
+                           env={"EXTRAS": default if extras is None else extras}, check=True)
+    return shell.stdout.splitlines()
+
+
 def test_every_command_and_health_check_is_a_real_entry_point(compose):
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["tensortune"] == "service.cli:main"  # the `tensortune` the image installs is this app
@@ -81,7 +101,8 @@ def test_every_command_and_health_check_is_a_real_entry_point(compose):
         health = service["healthcheck"]["test"]
         if health[1] == "ray":
             parse(health[1:])
-        assert service["build"] == "." and service["image"] == compose["services"]["ray-head"]["image"]
+        build_args(service)
+    assert compose["services"]["worker-cpu"]["image"] == compose["services"]["ray-head"]["image"]
 
 
 def test_the_service_reaches_postgres_with_its_credentials(compose):
@@ -147,6 +168,19 @@ def test_the_image_installs_the_project():
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)
     assert re.search(r"apt-get install .*libgomp1", dockerfile)
-    assert re.search(r"^COPY \. \.$", dockerfile, re.M) and re.search(r"pip install .*\s\.$", dockerfile, re.M)
+    assert re.search(r"^COPY \. \.$", dockerfile, re.M) and installed(None) == ["--no-cache-dir", "."]
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and not {"pyproject.toml", "README.md", "service", "workers"} & set(ignored)
+
+
+def test_only_the_gpu_image_installs_the_cuda_extras(compose):
+    """The GPU worker's image holds CuPy, NVRTC, cudart and cuBLAS (the benchmark's reference); the head's and the
+    CPU workers' hold none of them, and the two images have tags of their own, so neither build overwrites the other."""
+    services = compose["services"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    gpu_extras = build_args(services["worker-gpu"])["EXTRAS"]
+    assert installed(gpu_extras)[-1] == f".[{gpu_extras}]"
+    packages = {Requirement(requirement).name for extra in gpu_extras.split(",") for requirement in extras[extra]}
+    assert {"cupy-cuda12x", "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12"} <= packages
+    assert all("EXTRAS" not in build_args(services[name]) for name in ["ray-head", "worker-cpu"])
+    assert services["worker-gpu"]["image"] != services["ray-head"]["image"]

@@ -6,7 +6,6 @@ each, the same pool measures a correct candidate.
 import contextlib
 import json
 import os
-import secrets
 import signal
 import threading
 import time
@@ -14,7 +13,7 @@ import time
 import pytest
 
 from faulty_tasks import faulty
-from ray_helpers import forget_cluster, free_port, start_head, start_node, stop, wait_for
+from ray_helpers import start_node, stop, two_node_cluster, wait_for
 from search_space import Target, dense, fallback_config, get_space, matmul
 from workers import MeasureInput, MeasureOptions, Outcome, PoolOptions, RayPoolOptions, Task, make_pool, measure
 
@@ -76,22 +75,8 @@ def local_pool():
 def ray_cluster():
     """A head and a second node advertising a fake GPU, started with `ray start --block` so that
     stopping these two processes stops exactly their nodes (`ray stop` would stop every node here)."""
-    os.environ.setdefault("RAY_AUTH_MODE", "token")  # nodes and driver must agree; read when ray is imported
-    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))  # a fresh machine has no ~/.ray/auth_token
-    import ray  # a core dependency: missing, the tests fail rather than skip
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    nodes = [start_head(node_env(), port, "--num-cpus=1")]
-    try:
-        nodes.append(start_node(node_env(), f"--address={address}", "--num-cpus=1", '--resources={"gpu_host": 1}'))
-        ray.init(address=address, logging_level="warning")
-        wait_for(lambda: len([n for n in ray.nodes() if n["Alive"]]) == 2, 60, "two Ray nodes")
+    with two_node_cluster(node_env(), ["--num-cpus=1"], ["--num-cpus=1", '--resources={"gpu_host": 1}']) as address:
         yield address
-        ray.shutdown()
-    finally:
-        for node in reversed(nodes):
-            stop(node)
-        forget_cluster(port)
 
 
 @pytest.fixture(scope="module")

@@ -84,8 +84,9 @@ def tune_tasks(tasks: Sequence[TuningTask], target: Target | str = "llvm", trial
     one job per task; JobBusy while another live process runs it. `job` is a model job of these tasks the
     caller has claimed (the service's runner does), run instead. `stop()` is asked between batches and
     ends the model job and its tasks' jobs `cancelled`, resumable. An error ends them `failed` and raises
-    JobFailed; a database outage raises as it is, the jobs resumable. A task whose space runs out leaves
-    the rest of the budget to the others; when every space is exhausted the run ends early."""
+    JobFailed; a database outage or a pool with no worker host for the target (NoWorkerHost) raises as it is,
+    the jobs resumable. A task whose space runs out leaves the rest of the budget to the others; when every
+    space is exhausted the run ends early."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
     if not tasks or len({task.workload for task in tasks}) < len(tasks):

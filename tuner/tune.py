@@ -17,7 +17,7 @@ from db.outage import unavailable, wait_until_reachable
 from db.queue import JobQueue
 from search_space import ConfigSpace, Target, Workload, get_space
 from workers import MeasureInput, MeasureResult
-from workers.pool import Pool, make_pool
+from workers.pool import NoWorkerHost, Pool, make_pool
 from workers.task import MeasureOptions, Task
 
 from . import TUNERS, Tuner
@@ -116,7 +116,8 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
     other records on the target, measuring none of their configs again. It raises `db.queue.JobBusy` while
     another live process runs that job. `job` is a job the caller has claimed (the service's runner does);
     `stop()` is asked between batches and ends the job `cancelled`. An error ends the job `failed` and
-    raises JobFailed. A workload with no template for the target raises NoTemplate before any job exists.
+    raises JobFailed. A workload with no template for the target raises NoTemplate before any job exists; a pool
+    with no worker host for the target raises NoWorkerHost, the job resumable (service/host_waits.py waits).
 
     A database outage raises, unless `on_wait` is given: then tune() waits for the database, telling
     `on_wait` why, and resumes the job from its records (what was measured but not yet written is
@@ -156,14 +157,15 @@ def run_job(job_id: int, workload: Workload, target: Target, options: TuneOption
 def ending_on_error(job_id: int, end: Callable[[str, str], None]) -> Iterator[None]:
     """Hand an error's end of job `job_id` to `end(status, reason)`: an interrupt cancels it (its records are
     kept, it stays resumable); any other error fails it and raises JobFailed; a database outage, through which
-    nothing can be written, raises as it is (the job resumes from its records)."""
+    nothing can be written, and a pool with no worker host for the target yet (NoWorkerHost: a Ray cluster's GPU
+    node may join later) raise as they are, the job left for whoever waits for them to resume from its records."""
     try:
         yield
     except KeyboardInterrupt as error:
         end("cancelled", failure_reason(error))
         raise
     except Exception as error:
-        if unavailable(error):
+        if unavailable(error) or isinstance(error, NoWorkerHost):
             raise
         reason = failure_reason(error)
         end("failed", reason)

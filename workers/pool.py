@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from search_space import Target
+
 from .result import MeasureResult
 from .task import MeasureOptions, Task
 
@@ -39,8 +41,27 @@ class RayPoolOptions(PoolOptions):
     watchdog_slack: float = 30.0  # seconds beyond the batch's timeouts before an agent counts as stuck
 
 
+class NoWorkerHost(LookupError):
+    """No host of the pool measures `target` now. On a Ray cluster one may join later (a GPU node started
+    after the service), so a job waits for it (service/host_waits.py) rather than fails."""
+
+    def __init__(self, target: Target, hosts: str):
+        super().__init__(f"no Ray worker host for target {str(target)!r}; hosts: {hosts}")
+        self.target = target
+
+    @property
+    def awaited(self) -> str:
+        """The host a job of the target waits for, e.g. 'a GPU worker (sm_90)'."""
+        if self.target.kind == "cuda":
+            return f"a GPU worker ({', '.join(part for part in (self.target.arch, self.target.model) if part)})"
+        return f"a CPU worker ({self.target.model})"
+
+
 class Pool(Protocol):
     def measure(self, tasks: Sequence[Task], options: MeasureOptions) -> list[MeasureResult]: ...
+
+    def require_host(self, target: Target) -> None:
+        """Raise NoWorkerHost unless a host of the pool, as it is now, measures `target`."""
 
     def close(self) -> None: ...
 

@@ -22,6 +22,8 @@ from typing import Sequence
 
 from threadpoolctl import threadpool_limits
 
+from search_space import Target
+
 from .host_lock import HostLock, default_path
 from .pool import PoolOptions
 from .result import MeasureResult, Outcome
@@ -149,6 +151,10 @@ class LocalPool:
             wave = [batch.queue.popleft() for _ in range(min(len(self._workers), len(batch.queue)))]
             self._wave(batch, dict(enumerate(wave)), options)
         return batch.results
+
+    def require_host(self, target: Target) -> None:
+        """This host is the pool's only one, and no other joins: what it cannot measure is refused before a job
+        is made (service/api.py, `tensortune tune`), or fails its candidates saying why."""
 
     def _wave(self, batch: Batch, slots: dict, options: MeasureOptions) -> None:
         """Build one candidate per worker in parallel, then run them (one at a time if exclusive)."""

@@ -4,7 +4,9 @@ Hosts advertise what they are through Ray resources: every node with a CPU gets 
 which reports its CPU model, and `llvm` candidates go only to agents of the candidate's CPU
 model; a node with the GPU resource (`num_gpus=1`, or a named resource in tests) gets a GPU
 agent, which reports its GPU's name and architecture as CuPy sees them, and `cuda` candidates
-go only to agents of the candidate's architecture (and device, when the target names one). Agents restart on failure (`max_restarts`); the candidates of a
+go only to agents of the candidate's architecture (and device, when the target names one). A batch that
+holds a candidate no agent serves raises NoWorkerHost: the job waits for such a node to join, which the pool
+sees at its next batch or `require_host`. Agents restart on failure (`max_restarts`); the candidates of a
 lost agent are retried once on another agent of their kind, then recorded `worker_lost`. A
 watchdog kills (and so restarts) an agent that overruns its batch's timeouts.
 
@@ -25,7 +27,7 @@ from typing import Sequence
 from search_space import Target, host_target
 from search_space.gpu_device import NoGpu, host_gpu
 
-from .pool import PoolOptions, RayPoolOptions
+from .pool import NoWorkerHost, PoolOptions, RayPoolOptions
 from .pool_local import LocalPool
 from .result import MeasureResult, Outcome
 from .task import MeasureOptions, Task, failed
@@ -119,18 +121,27 @@ class RayPool:
         return [d[2] for d in ray.get([a.handle.describe.remote() for a in self.agents if a.kind == "llvm"])]
 
     def _route(self, task: Task) -> list[Agent]:
-        target = Target.parse(task.target)
+        return self._serving(Target.parse(task.target))
+
+    def _serving(self, target: Target) -> list[Agent]:
         found = [a for a in self.agents if a.serves(target)]
         if not found:
-            raise LookupError(f"no Ray worker host for target {task.target!r}; hosts: "
-                              + ", ".join(f"{a.kind} {a.model or '(no GPU seen)'} {a.arch}".rstrip() for a in self.agents))
+            raise NoWorkerHost(target, ", ".join(f"{a.kind} {a.model or '(no GPU seen)'} {a.arch}".rstrip()
+                                                 for a in self.agents) or "none")
         return found
+
+    def require_host(self, target: Target) -> None:
+        """Raise NoWorkerHost unless a node of the cluster as it is now (joined since the last batch or not)
+        measures `target`."""
+        self._follow_cluster()
+        self._serving(target)
 
     def measure(self, tasks: Sequence[Task], options: MeasureOptions = MeasureOptions()) -> list[MeasureResult]:
         """Split the batch over the agents of each candidate's route, wait with a watchdog, retry lost agents' work once."""
         import ray
-        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+        from ray.exceptions import ActorUnavailableError, ActorUnschedulableError, GetTimeoutError, RayActorError
 
+        lost = (RayActorError, ActorUnavailableError, GetTimeoutError, ActorUnschedulableError)  # the last: its node left
         self._follow_cluster()
         results: list[MeasureResult | None] = [None] * len(tasks)
         groups: dict[tuple, list[int]] = {}
@@ -151,7 +162,7 @@ class RayPool:
                     for index, result in zip(indices, ray.get(ref)):
                         results[index] = replace(result, error=result.error or "retried once after its worker was lost") \
                             if attempt else result
-                except (RayActorError, ActorUnavailableError, GetTimeoutError) as error:
+                except lost as error:
                     self._retry(calls, agent, indices, attempt, tasks, options, results, error)
             for ref, (agent, indices, attempt, due) in list(calls.items()):
                 if due <= time.monotonic():  # the watchdog: a stuck agent is killed, and Ray restarts it

@@ -27,6 +27,13 @@ function cell(row, text, className) {
 
 function fixed(value) { return value == null ? "–" : value.toFixed(1); }
 
+// A queued job whose target no worker host serves yet, e.g. "waiting for a GPU worker (sm_90)"; "" otherwise.
+function waitingFor(job) { return job.waiting ? `waiting for ${job.waiting}` : ""; }
+
+function reason(text, kind) {  // a line under a job's status: why it failed, or what it waits for
+  return Object.assign(document.createElement("div"), {className: `${kind} reason`, textContent: text});
+}
+
 function renderJobs(jobs) {
   const body = $("jobs").tBodies[0];
   body.replaceChildren();
@@ -40,7 +47,8 @@ function renderJobs(jobs) {
     cell(row, job.target_label).title = job.target;
     cell(row, job.tuner);
     const status = cell(row, job.status, `status-${job.status}`);
-    if (job.error) status.append(Object.assign(document.createElement("div"), {className: "error reason", textContent: job.error}));
+    if (job.error) status.append(reason(job.error, "error"));
+    if (job.waiting) status.append(reason(waitingFor(job), "waiting"));
     const bar = document.createElement("progress");
     bar.max = job.trials;
     bar.value = job.trials_done;
@@ -117,6 +125,7 @@ function renderJob(job) {
   $("job-status").className = `status-${job.status}`;
   $("job-progress").textContent = `${job.trials_done}/${job.trials}`;
   $("job-error").textContent = job.error;
+  $("job-waiting").textContent = waitingFor(job);
   $("best-gflops").textContent = fixed(job.best_gflops);
   $("latency-ms").textContent = job.latency_ms == null ? "–" : job.latency_ms.toPrecision(3);
   $("outcomes").replaceChildren(...Object.entries(job.outcomes).map(([outcome, count]) => {
