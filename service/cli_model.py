@@ -102,7 +102,21 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
     run(loaded, db, target, json_lines, inductor)
 
 
+def bench_scheduler(model: str = typer.Argument("bert-layer", help=MODEL_HELP),
+                    checkpoints: List[int] = typer.Option([100, 300], "--at", min=1,
+                                                          help="trials at which to compare (repeat the option)"),
+                    tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
+                    json_lines: bool = typer.Option(False, "--json", help="one JSON object per row")):
+    """The task scheduler's gradient against round-robin, each tuning the model from scratch: estimated and
+    measured model latency at each checkpoint (minutes: it tunes twice)."""
+    require_torch()
+    from bench.scheduler import run
+
+    run(model, *load(model), tuple(sorted(checkpoints)), json_lines, tuner)
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
-    """Add `tune-model` to the CLI app and `model` to its bench commands."""
+    """Add `tune-model` to the CLI app, and `model` and `scheduler` to its bench commands."""
     app.command("tune-model")(tune_model)
     bench_app.command("model")(bench_model)
+    bench_app.command("scheduler")(bench_scheduler)

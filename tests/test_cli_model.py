@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from db import Database
 
 CLI = [sys.executable, "-m", "service"]
@@ -65,3 +67,14 @@ def test_models_that_cannot_be_tuned_are_refused_in_one_line(tmp_path):
     assert missing.returncode == 2 and "nowhere.py: cannot get a model from make()" in missing.stderr
     for refused in (nothing, unknown, missing):
         assert "Traceback" not in refused.stderr
+
+
+def test_bench_scheduler_compares_both_strategies_at_a_checkpoint(tmp_path):
+    """Both strategies tune the model from scratch; each row is measured beside eager in the same run."""
+    (tmp_path / "models.py").write_text(MODEL_FILE)
+    compared = run("bench", "scheduler", "models.py:tiny", "--at", "8", "--tuner", "random", "--json", cwd=tmp_path)
+    assert compared.returncode == 0, compared.stderr
+    rows = [json.loads(line) for line in compared.stdout.splitlines()]
+    assert [(r["strategy"], r["trials"]) for r in rows] == [("gradient", 8), ("round-robin", 8)]
+    assert all(0 < r["estimated_ms"] < 1e3 and r["eager_ms"] > 0 and r["tensortune_ms"] > 0 for r in rows)
+    assert all(r["speedup"] == pytest.approx(r["eager_ms"] / r["tensortune_ms"], rel=1e-2) for r in rows)
