@@ -66,13 +66,18 @@ def try_config(workload: Workload, target: Target, config: Config, inputs, expec
     return Measured(config, float(np.median(samples)), kernel.compile_seconds)
 
 
+FINALISTS = 4  # the fastest configs of a search, timed again against each other
+
+
 def search(workload: Workload, target: Target, trials: int, seed: int, min_repeat_ms: float) -> tuple[Measured, int]:
-    """Fallback + random third of the budget, then greedy one-knob descent from the best.
-    (The final figures come from `head_to_head`, not from this search.)"""
+    """Fallback + random third of the budget, then greedy one-knob descent from the best; the fastest few are
+    then timed again in alternating rounds, since one timing on a shared 2-core VM can be off by a third
+    (the same stem convolution measured 108 and 154 GFLOPS). The final figures come from `head_to_head`."""
     space, rng = get_space(workload, target), random.Random(seed)
     inputs = workload.random_inputs()
     expected = workload.reference(*inputs)
     seen: set[int] = set()
+    measured: list[Measured] = []
     best: Measured | None = None
 
     def trial(config: Config) -> None:
@@ -82,6 +87,7 @@ def search(workload: Workload, target: Target, trials: int, seed: int, min_repea
             result = try_config(workload, target, config, inputs, expected, min_repeat_ms)
         except InvalidConfig:  # a GPU kernel that, as compiled, would not launch
             return
+        measured.append(result)
         if best is None or result.seconds < best.seconds:
             best = result
 
@@ -97,7 +103,17 @@ def search(workload: Workload, target: Target, trials: int, seed: int, min_repea
             trial(config)
         if best is incumbent and len(fresh) <= 8:
             break
-    return best, len(seen)
+    return fastest_again(workload, target, sorted(measured, key=lambda m: m.seconds)[:FINALISTS], inputs), len(seen)
+
+
+def fastest_again(workload: Workload, target: Target, finalists: list[Measured], inputs) -> Measured:
+    """The finalist fastest when they are timed in alternating rounds (a CPU kernel; a GPU one keeps its events'
+    figure, which a shared CPU does not disturb)."""
+    if target.kind != "llvm" or len(finalists) < 2:
+        return finalists[0]
+    calls = {str(m.config.index): inference_call(build(workload, target, m.config), inputs)[0] for m in finalists}
+    seconds = head_to_head(calls, target.threads, rounds=3, min_repeat_ms=MIN_REPEAT_MS[False])
+    return min(finalists, key=lambda m: seconds[str(m.config.index)])
 
 
 def blas_description() -> str:

@@ -77,4 +77,5 @@ def test_bench_scheduler_compares_both_strategies_at_a_checkpoint(tmp_path):
     rows = [json.loads(line) for line in compared.stdout.splitlines()]
     assert [(r["strategy"], r["trials"]) for r in rows] == [("gradient", 8), ("round-robin", 8)]
     assert all(0 < r["estimated_ms"] < 1e3 and r["eager_ms"] > 0 and r["tensortune_ms"] > 0 for r in rows)
-    assert all(r["speedup"] == pytest.approx(r["eager_ms"] / r["tensortune_ms"], rel=1e-2) for r in rows)
+    # ms are rounded to 3 decimals, and this model runs in tens of microseconds
+    assert all(r["speedup"] == pytest.approx(r["eager_ms"] / r["tensortune_ms"], rel=0.1) for r in rows)
