@@ -6,7 +6,7 @@ The best-record query is two unique-key lookups and one seek on `ix_measurements
 """
 from __future__ import annotations
 
-from sqlalchemy import and_, bindparam, func, select
+from sqlalchemy import Integer, and_, bindparam, func, select
 from sqlalchemy.orm import Session, aliased
 
 from search_space import Target, Workload
@@ -27,6 +27,8 @@ BEST = (_OF_PAIR.where(MeasurementRow.outcome == Outcome.OK.value)
          .order_by(MeasurementRow.median_seconds, MeasurementRow.id).limit(bindparam("limit")))
 _IDENTITIES = _OF_PAIR.with_only_columns(MeasurementRow.config_index, MeasurementRow.finished_at,
                                           MeasurementRow.samples)
+# what a new job of the pair starts from: every measurement outside the job (bindparam "job"; None: none)
+KNOWN = _OF_PAIR.where(MeasurementRow.job_id.is_distinct_from(bindparam("job", type_=Integer)))
 _COUNT = select(func.count()).select_from(_OF_PAIR.subquery())
 _COUNT_CONFIG = select(func.count()).select_from(
     _OF_PAIR.where(MeasurementRow.config_index == bindparam("index")).subquery())
@@ -39,21 +41,22 @@ MODEL_JOB = select(_CHILD.id).where(_CHILD.parent_id == JobRow.id).exists()
 SINGLE_JOB = and_(JobRow.parent_id.is_(None), ~MODEL_JOB)
 
 
-def _pair(workload: Workload, target: Target) -> dict:
+def pair(workload: Workload, target: Target) -> dict:
+    """The bound values of a statement over the measurements of one workload on one target."""
     return {"workload": workload.key, "target": str(target)}
 
 
 def best_records(session: Session, workload: Workload, target: Target, limit: int = 1) -> list[Record]:
     """The fastest `ok` measurements (by median time), best first; ties go to the earlier row."""
-    rows = session.scalars(BEST, _pair(workload, target) | {"limit": limit})
+    rows = session.scalars(BEST, pair(workload, target) | {"limit": limit})
     return [record_from_row(row, workload, target) for row in rows]
 
 
 def count_records(session: Session, workload: Workload, target: Target, config_index: int | None = None) -> int:
     """How many measurements of the workload on the target (of one config, when given) are stored."""
     if config_index is None:
-        return session.scalar(_COUNT, _pair(workload, target))
-    return session.scalar(_COUNT_CONFIG, _pair(workload, target) | {"index": config_index})
+        return session.scalar(_COUNT, pair(workload, target))
+    return session.scalar(_COUNT_CONFIG, pair(workload, target) | {"index": config_index})
 
 
 def identity(config_index: int, finished_at: float, samples) -> tuple:
@@ -64,7 +67,7 @@ def identity(config_index: int, finished_at: float, samples) -> tuple:
 
 def measurement_identities(session: Session, workload: Workload, target: Target) -> set[tuple]:
     return {identity(index, seconds(finished), samples)
-            for index, finished, samples in session.execute(_IDENTITIES, _pair(workload, target))}
+            for index, finished, samples in session.execute(_IDENTITIES, pair(workload, target))}
 
 
 def stored_targets(session: Session, kind: str) -> list[Target]:

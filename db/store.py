@@ -26,7 +26,7 @@ from .migrate import upgrade
 from .models import JOB_STATUSES, JobRow, MeasurementRow, TargetRow, WorkloadRow, utcnow
 from .opening import check_file, open_error
 from .outage import LockLost
-from .queries import MODEL_JOB, SINGLE_JOB, best_records, count_records, measurement_identities
+from .queries import KNOWN, MODEL_JOB, SINGLE_JOB, best_records, count_records, measurement_identities, pair
 from .records import Record, measurement_values, record_from_row, target_from_row, target_values, workload_values
 
 FINISHED = ("done", "failed", "cancelled")
@@ -181,12 +181,7 @@ class Database:
     def known_records(self, workload: Workload, target: Target | str, job_id: int | None = None) -> list[Record]:
         """Every measurement of the workload on exactly this target outside job `job_id`, oldest first: what
         a new job of it starts from (configs not measured again, a cost model trained on them)."""
-        statement = select(MeasurementRow).where(
-            MeasurementRow.workload_id == select(WorkloadRow.id).where(WorkloadRow.key == workload.key).scalar_subquery(),
-            MeasurementRow.target_id == select(TargetRow.id).where(
-                TargetRow.key == str(Target.parse(target))).scalar_subquery(),
-            MeasurementRow.job_id.is_distinct_from(job_id))
-        return list(self._records(statement))
+        return list(self._records(KNOWN.params(pair(workload, Target.parse(target)) | {"job": job_id})))
 
     def op_records(self, op: str, target: Target | str, exclude: Workload | None = None) -> dict[Workload, list[Record]]:
         """Measurements of the other shapes of an op on exactly this target (for transfer learning)."""

@@ -12,7 +12,6 @@ from typing import Callable
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
-from scipy import special
 
 DTYPES = ("float32",)
 MAX_DIM = 1 << 16
@@ -48,6 +47,8 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
 def gelu_erf(x: np.ndarray) -> np.ndarray:
     """GELU as defined, 0.5·x·(1 + erf(x/√2)): torch.nn.GELU's default, what the `gelu_erf` epilogue computes."""
+    from scipy import special  # here: importing it costs every process that imports search_space 0.3 s
+
     return 0.5 * x * (1.0 + special.erf(x * np.float32(0.7071067811865476)))
 
 

@@ -43,6 +43,18 @@ def measured(client, job_id: int, trials: int) -> dict:
     return job_when(client, job_id, lambda job: job["trials_done"] >= trials, f"past {trials} trials")
 
 
+def cancel_running_and_queued(client, running_body: dict, queued_body: dict) -> tuple[int, int, dict]:
+    """Submit a long job and a queued one, cancel both once the first has measured a batch, and wait for its
+    batch in flight: (the running job's id, the queued one's, the running job as it ended)."""
+    running = client.post("/api/jobs", json=running_body).json()["id"]
+    queued = client.post("/api/jobs", json=queued_body).json()["id"]
+    measured(client, running, 4)
+    assert client.post(f"/api/jobs/{queued}/cancel").json()["status"] == "cancelled"
+    assert client.post(f"/api/jobs/{running}/cancel").json()["status"] == "cancelled"
+    runners_idle(client)  # the batch in flight finishes; the runner takes nothing after it
+    return running, queued, client.get(f"/api/jobs/{running}").json()
+
+
 def runners_idle(client, seconds: float = 60) -> None:
     """Wait until no runner thread holds a job: a cancelled job's batch in flight is finished and recorded."""
     wait_for(lambda: not any(r["busy"] for r in client.get("/api/workers").json()["runners"]), seconds,

@@ -45,6 +45,8 @@ def mixed():
 
 
 def compiled_output(model, inputs, db, target="llvm"):
+    torch._dynamo.reset()  # compile afresh: Dynamo's caches, shared by the whole test process, could reuse (or give
+    # up on, past its recompile limit) the code of a model an earlier test compiled, and never call the backend
     with torch.inference_mode():
         expected = model(*inputs)
         with warnings.catch_warnings(record=True) as warned:

@@ -7,7 +7,7 @@ from search_space import Target, Workload
 from service.api import create_app
 from service.runner import Runner, RunnerOptions
 from tests.db_helpers import BACKENDS, pg_schema
-from tests.serve_helpers import job_in, measured, runners_idle
+from tests.serve_helpers import cancel_running_and_queued, job_in, measured
 from workers.task import MeasureOptions
 
 FAST = MeasureOptions(repeat=2, min_repeat_ms=1.0)
@@ -71,13 +71,7 @@ def test_a_job_that_cannot_run_fails_with_a_one_line_reason_and_the_runner_goes_
 
 def test_cancel_stops_a_running_job_and_a_queued_one(database):
     with TestClient(create_app(database, runner(database))) as client:
-        running = client.post("/api/jobs", json=job_body(trials=400, M=32, N=32, K=32)).json()["id"]
-        queued = client.post("/api/jobs", json=job_body()).json()["id"]
-        measured(client, running, 4)
-        assert client.post(f"/api/jobs/{queued}/cancel").json()["status"] == "cancelled"
-        assert client.post(f"/api/jobs/{running}/cancel").json()["status"] == "cancelled"
-        runners_idle(client)  # the batch in flight finishes; the runner takes nothing after it
-        done = client.get(f"/api/jobs/{running}").json()
+        running, queued, done = cancel_running_and_queued(client, job_body(trials=400, M=32, N=32, K=32), job_body())
         assert done["status"] == "cancelled" and 4 <= done["trials_done"] < 400
         assert done["trials_done"] == len(database.job_records(running))
         assert client.get(f"/api/jobs/{queued}").json()["trials_done"] == 0

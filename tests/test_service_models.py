@@ -4,12 +4,10 @@ runner on a real local pool over their tasks, cancelled, requeued and taken over
 The model is a tiny MLP registered as a preset for these tests only (bert-layer takes minutes), so the
 service runs in-process: FastAPI's TestClient, or uvicorn on a thread where a browser must reach it."""
 import sys
-import threading
 
 import httpx
 import pytest
 import torch
-import uvicorn
 from fastapi.testclient import TestClient
 from torch import nn
 from typer.testing import CliRunner
@@ -21,7 +19,7 @@ from service.api import create_app
 from service.cli import app as cli
 from service.runner import Runner, RunnerOptions, preset_tasks
 from tests.db_helpers import database, db_url  # noqa: F401 (fixtures)
-from tests.serve_helpers import free_port, job_in, measured, runners_idle, wait_for
+from tests.serve_helpers import cancel_running_and_queued, job_in, measured, served_in_thread
 from tests.test_dashboard import browser  # noqa: F401 (fixture)
 from workers.task import MeasureOptions
 
@@ -91,13 +89,7 @@ def test_the_queue_claims_a_model_job_never_its_tasks_jobs(database):
 def test_cancel_stops_a_running_model_job_and_its_tasks_and_a_queued_one(tmp_path):
     database = Database(f"sqlite:///{tmp_path}/models.db")
     with TestClient(create_app(database, runner(database))) as client:
-        running = client.post("/api/jobs", json=model_body(400)).json()["id"]
-        queued = client.post("/api/jobs", json=model_body(8)).json()["id"]
-        measured(client, running, 4)
-        assert client.post(f"/api/jobs/{queued}/cancel").json()["status"] == "cancelled"
-        assert client.post(f"/api/jobs/{running}/cancel").json()["status"] == "cancelled"
-        runners_idle(client)  # the batch in flight finishes; the runner takes nothing after it
-        done = client.get(f"/api/jobs/{running}").json()
+        running, queued, done = cancel_running_and_queued(client, model_body(400), model_body(8))
     assert done["status"] == "cancelled" and 4 <= done["trials_done"] < 400
     assert sum(map(len, configs_per_task(database, running))) == done["trials_done"]
     assert {task.status for task in database.children(running)} == {"cancelled"}
@@ -156,14 +148,9 @@ def test_submit_takes_a_workload_or_a_model(words):
 @pytest.fixture
 def served(tmp_path):
     """The service on a thread of this process (where the tiny preset exists), for a browser and the CLI."""
-    database, port = Database(f"sqlite:///{tmp_path}/models.db"), free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(database, runner(database)), port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, 30, "uvicorn to start")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
+    database = Database(f"sqlite:///{tmp_path}/models.db")
+    with served_in_thread(create_app(database, runner(database))) as url:
+        yield url
 
 
 def test_the_dashboard_shows_a_model_job_submitted_with_the_cli(browser, served):
