@@ -140,8 +140,10 @@ def print_stored_best(database, workload, target) -> bool:
     ours, numpy_gflops = compare_with_numpy(workload, target, config)
     job = f"job {info['job_id']}" if info["job_id"] is not None else "imported"
     print(f"stored best for this machine (what `best` and apply_history_best use): config {config.index}, {job}")
-    print(f"  {info['gflops']:.1f} GFLOPS as measured while tuning (the fastest of many noisy measurements)")
-    print(f"  {ours:.1f} GFLOPS timed now, alternately with NumPy's {numpy_gflops:.1f} GFLOPS ({ours / numpy_gflops:.2f}x)")
+    print(f"  {info['gflops']:.1f} GFLOPS as measured while tuning (the caches flushed before each call, as a "
+          "layer of a model finds them; the best of many noisy measurements)")
+    print(f"  {ours:.1f} GFLOPS timed now with warm caches, alternately with NumPy's {numpy_gflops:.1f} GFLOPS "
+          f"({ours / numpy_gflops:.2f}x)")
     if ours < 0.9 * info["gflops"]:
         print("  (the gap: tuning timed the bare kernel, picking its luckiest run; now each call also pays "
               "Python's few microseconds, and a noisy machine shows more)")

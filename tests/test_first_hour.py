@@ -75,7 +75,7 @@ def test_a_finished_tune_run_again_shows_the_stored_best_and_again_skips_what_is
     bar = next(line for line in first.splitlines() if "GFLOPS" in line and "/6" in line)
     assert len(bar) <= 80 and "6/6" in bar and re.search(r"best +\d+\.\d GFLOPS", bar) and re.search(r"\d:\d\d:\d\d", bar)
     stored = re.search(r"stored best for this machine .*: config (\d+), job 1", first)
-    assert stored and "timed now, alternately with NumPy" in first
+    assert stored and "timed now with warm caches, alternately with NumPy" in first
 
     rerun = tune_output(tmp_path)
     assert "job 1 already tuned this" in rerun and f"config {stored.group(1)}, job 1" in rerun

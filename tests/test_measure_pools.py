@@ -45,7 +45,7 @@ def test_the_pool_times_as_fast_as_this_process():
     from workers.task import build_step, run_step
     workload, host = matmul(192, 192, 192), Target.parse("llvm")  # all cores: the kernel's threads must not meet others
     task = Task.of(MeasureInput(workload, host, get_space(workload, host).sample(1, rng=2)[0]))
-    options = MeasureOptions(repeat=5, min_repeat_ms=20)
+    options = MeasureOptions(repeat=5, min_repeat_ms=20, flush_cache=False)
     pool = make_pool("local", PoolOptions(workers=2))
     pooled, local = [], []
     try:
@@ -143,10 +143,10 @@ def test_a_lost_worker_is_retried_once(pool, tmp_path):
 
 
 def test_sigkill_mid_run_is_retried(pool):
-    """The timing alone lasts at least 5 × 150 ms (calibration and 4 samples), so a kill 0.5 s after the call
-    lands while the candidate is in flight; its retry, about a second, stays far inside the 3 s run timeout
-    on a loaded host."""
-    slow = MeasureOptions(repeat=4, min_repeat_ms=150)
+    """The timing alone (hot caches) lasts at least 5 × 150 ms (calibration and 4 samples), so a kill 0.5 s
+    after the call lands while the candidate is in flight; its retry, about a second, stays far inside the 3 s
+    run timeout on a loaded host."""
+    slow = MeasureOptions(repeat=4, min_repeat_ms=150, flush_cache=False)
     results = []
     thread = threading.Thread(target=lambda: results.extend(pool.measure(real_tasks(1, seed=3), slow)))
     thread.start()
@@ -207,6 +207,27 @@ def test_a_cache_flush_precedes_every_timed_call_and_is_not_timed():
     samples = time_samples(lambda: events.append("call"), repeat=3, min_repeat_ms=0.1, flush=flush)
     assert events == ["call"] + ["flush", "call"] * 3  # a warm-up call, then flush and call per sample
     assert len(samples) == 3 and max(samples) < 0.05
+
+
+def test_tuning_flushes_twice_the_last_level_cache_before_each_call_by_default():
+    """The default protocol times single calls after a flush of twice this host's largest cache (one buffer
+    per process); warm, as the benchmarks' references run, it times many calls per sample."""
+    import numpy as np
+
+    from workers.task import HostTimedCall
+    from workers.timing import cache_flusher, last_level_cache_bytes
+
+    calls = []
+    timed = HostTimedCall(lambda: calls.append(1), np.zeros(1))
+    timed.samples(MeasureOptions(repeat=3))
+    assert len(calls) == 1 + 3
+    calls.clear()
+    timed.samples(MeasureOptions(repeat=3, min_repeat_ms=2, flush_cache=False))
+    assert len(calls) > 1 + 3
+    sizes = [int(open(f"/sys/devices/system/cpu/cpu0/cache/index{i}/size").read().strip().rstrip("K")) << 10
+             for i in range(4) if os.path.exists(f"/sys/devices/system/cpu/cpu0/cache/index{i}/size")]
+    assert last_level_cache_bytes() == max(sizes, default=32 << 20)
+    assert cache_flusher(2 * last_level_cache_bytes()) is cache_flusher(2 * last_level_cache_bytes())
 
 
 def test_a_host_that_joins_or_leaves_is_followed(ray_pool, ray_cluster):

@@ -46,7 +46,7 @@ def event_samples(fn: Callable[[], object], options: MeasureOptions) -> list[flo
     from search_space.gpu_device import host_gpus
 
     l2 = host_gpus()[cupy.cuda.Device().id].l2_bytes
-    flush = cupy.empty(max(options.flush_cache_bytes, 2 * l2) // 4, np.float32)
+    flush = cupy.empty(2 * l2 // 4, np.float32)
     for _ in range(WARMUP_CALLS):
         fn()
     once = np.mean(_timed(fn, flush, WARMUP_CALLS))

@@ -32,6 +32,8 @@ from .pool_local import LocalPool
 from .result import MeasureResult, Outcome
 from .task import MeasureOptions, Task, failed
 
+RESTART_POLL_SECONDS = 0.25
+
 
 class HostAgent:
     """Lives on one node: measures batches there with a local pool of `workers` processes.
@@ -144,6 +146,7 @@ class RayPool:
         lost = (RayActorError, ActorUnavailableError, GetTimeoutError, ActorUnschedulableError)  # the last: its node left
         self._follow_cluster()
         results: list[MeasureResult | None] = [None] * len(tasks)
+        restarting = int(self.options.watchdog_slack / RESTART_POLL_SECONDS)  # calls an agent may refuse while it restarts
         groups: dict[tuple, list[int]] = {}
         for index, task in enumerate(tasks):
             groups.setdefault(tuple(id(a) for a in self._route(task)), []).append(index)
@@ -163,7 +166,12 @@ class RayPool:
                         results[index] = replace(result, error=result.error or "retried once after its worker was lost") \
                             if attempt else result
                 except lost as error:
-                    self._retry(calls, agent, indices, attempt, tasks, options, results, error)
+                    if attempt and isinstance(error, ActorUnavailableError) and restarting > 0:
+                        restarting -= 1  # the retry met an agent Ray is still restarting: again, a bit later
+                        time.sleep(RESTART_POLL_SECONDS)
+                        self._submit(calls, agent, indices, attempt, tasks, options)
+                    else:
+                        self._retry(calls, agent, indices, attempt, tasks, options, results, error)
             for ref, (agent, indices, attempt, due) in list(calls.items()):
                 if due <= time.monotonic():  # the watchdog: a stuck agent is killed, and Ray restarts it
                     ray.kill(agent.handle, no_restart=False)
