@@ -136,12 +136,14 @@ class _Conv2d:
         body = (fill(0, pad, 0, self.wp, zero) + fill(pad + rows, self.hp - pad - rows, 0, self.wp, zero)
                 + fill(pad, rows, 0, pad, zero) + fill(pad, rows, pad + cols, self.wp - pad - cols, zero)
                 + fill(pad, rows, pad, cols, lambda y, x: self.data[n, co * self.cb + ci, y * skip, x * skip]))
-        # the threads split the images, else whichever of channel blocks and channels in a block is longer
+        # the threads split the images, else whichever of channel blocks and channels in a block is longer; when
+        # they split the output channels each reads all of Dp, so one thread packs it: packed by both, half of
+        # each one's input sat in the other core's cache (the stem's call took 1.90 ms against 1.53 with one)
         longer, shorter = sorted([("co", p["C"] // self.cb), ("ci", self.cb)], key=lambda level: -level[1])
         levels = [("n", p["N"]), longer, shorter] if self.parallel == "n" else [longer, ("n", p["N"]), shorter]
         nest = tuple(body)
         for depth, (name, extent) in reversed(list(enumerate(levels))):
-            nest = (Loop(name, extent, "parallel" if depth == 0 and self.parallel != "none" else "serial", nest),)
+            nest = (Loop(name, extent, "parallel" if depth == 0 and self.parallel not in ("none", "k") else "serial", nest),)
         return list(nest)
 
     def compute(self):
