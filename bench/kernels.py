@@ -50,9 +50,12 @@ SHAPES = [
 
 @dataclass
 class Measured:
-    config: Config
+    kernel: object  # the built Kernel (or CudaKernel): the finalists and the winner are timed again without rebuilding
     seconds: float
-    compile_seconds: float
+
+    @property
+    def config(self) -> Config:
+        return self.kernel.config
 
 
 def try_config(workload: Workload, target: Target, config: Config, inputs, expected, min_repeat_ms: float) -> Measured:
@@ -63,7 +66,7 @@ def try_config(workload: Workload, target: Target, config: Config, inputs, expec
     if error > 1:
         raise AssertionError(f"config {config.index} of {workload.key} computes a wrong result ({error:.1f}x tolerance)")
     samples = timed.samples(MeasureOptions(repeat=3, min_repeat_ms=min_repeat_ms, flush_cache=False))  # as the references run
-    return Measured(config, float(np.median(samples)), kernel.compile_seconds)
+    return Measured(kernel, float(np.median(samples)))
 
 
 FINALISTS = 4  # the fastest configs of a search, timed again against each other
@@ -111,7 +114,7 @@ def fastest_again(workload: Workload, target: Target, finalists: list[Measured],
     figure, which a shared CPU does not disturb)."""
     if target.kind != "llvm" or len(finalists) < 2:
         return finalists[0]
-    calls = {str(m.config.index): inference_call(build(workload, target, m.config), inputs)[0] for m in finalists}
+    calls = {str(m.config.index): inference_call(m.kernel, inputs)[0] for m in finalists}
     seconds = head_to_head(calls, target.threads, rounds=3, min_repeat_ms=MIN_REPEAT_MS[False])
     return min(finalists, key=lambda m: seconds[str(m.config.index)])
 
@@ -128,7 +131,7 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
     start = time.perf_counter()
     best, tried = search(workload, target, trials, seed, MIN_REPEAT_MS[quick])
     inputs = workload.random_inputs()
-    ours, _ = inference_call(build(workload, target, best.config), inputs)
+    ours, _ = inference_call(best.kernel, inputs)
     seconds = head_to_head({"tensortune": ours} | reference_calls(workload, target.threads, inputs), target.threads,
                            rounds=3 if quick else 7, min_repeat_ms=MIN_REPEAT_MS[quick])
     gflops = {name: workload.flops / s / 1e9 for name, s in seconds.items()}
@@ -138,7 +141,7 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
         "torch_gflops": round(gflops["torch"], 2) if "torch" in gflops else None,
         "ratio": round(gflops["tensortune"] / max(gflops["numpy"], gflops.get("torch", 0)), 3),
         "config": {"index": best.config.index, "knobs": best.config.to_dict()},
-        "compile_ms": round(best.compile_seconds * 1e3, 1), "candidates": tried,
+        "compile_ms": round(best.kernel.compile_seconds * 1e3, 1), "candidates": tried,
         "search_seconds": round(time.perf_counter() - start, 1), "target": str(target),
     }
 

@@ -15,7 +15,6 @@ import numpy as np
 
 from search_space import Target, Workload, batch_matmul, dense, matmul
 from search_space.gpu_device import host_gpu
-from workers import build
 from workers.cuda_measure import CudaTimedCall, event_samples
 from workers.task import MeasureOptions
 
@@ -44,7 +43,7 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
     start = time.perf_counter()
     best, tried = search(workload, target, trials, seed, MIN_REPEAT_MS[quick])
     inputs = workload.random_inputs()
-    calls = {"tensortune": CudaTimedCall(build(workload, target, best.config), inputs),
+    calls = {"tensortune": CudaTimedCall(best.kernel, inputs),
              "cublas": cublas_call(workload, inputs)}
     options = MeasureOptions(repeat=1, min_repeat_ms=MIN_REPEAT_MS[quick])
     samples: dict[str, list[float]] = {name: [] for name in calls}
@@ -55,7 +54,7 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
     return {"workload": workload.key, "target": str(target), "gflops": round(gflops["tensortune"], 1),
             "cublas_gflops": round(gflops["cublas"], 1), "ratio": round(gflops["tensortune"] / gflops["cublas"], 3),
             "config": {"index": best.config.index, "knobs": best.config.to_dict()},
-            "compile_ms": round(best.compile_seconds * 1e3, 1), "candidates": tried,
+            "compile_ms": round(best.kernel.compile_seconds * 1e3, 1), "candidates": tried,
             "search_seconds": round(time.perf_counter() - start, 1)}
 
 

@@ -34,7 +34,7 @@ class MeasureOptions:
     """The timing protocol: `repeat` samples of calls lasting at least `min_repeat_ms` each, or, with the
     cache flushed (the default, as AutoTVM advises on x86), `repeat` single calls each after a write of twice
     the measuring host's last-level cache: a layer of a model finds its weights evicted by the layers
-    before it, and configs timed with hot caches ran bert-layer 5–7% slower than configs timed cold.
+    before it, so configs picked warm are the wrong ones there (`python -m bench.cache_flush` compares both).
     A cuda kernel always has the GPU's L2 flushed before each call."""
 
     repeat: int = 5

@@ -30,8 +30,10 @@ def calls_per_sample(fn: Callable[[], object], min_repeat_ms: float) -> int:
         number *= 2
 
 
+@functools.cache
 def last_level_cache_bytes(default: int = 32 << 20) -> int:
-    """The largest CPU cache of this host, as Linux describes cpu0's caches (`default` where it does not)."""
+    """The largest CPU cache of this host, as Linux describes cpu0's caches (`default` where it does not);
+    read once per process, not at every candidate."""
     sizes = []
     for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
         text = Path(path).read_text().strip().upper()
