@@ -4,8 +4,9 @@ Registered through the `torch_dynamo_backends` entry point, so torch finds it wi
 tensortune first. Each graph Dynamo hands over has its tensortune patterns (frontend/patterns.py)
 replaced by kernels built with the best stored config for the target (the fallback, with a warning
 once per workload, when none is stored); weights are bound (packed) when the graph is compiled, so
-the compiled model assumes them fixed, as inference does. Tensors reach the kernels as NumPy views of
-the same memory, and results are written straight into new torch tensors.
+the compiled model assumes them fixed, as inference does. Tensors reach the kernels by address, with no
+copy and no check (the graph's shapes are static), and results are written straight into new torch
+tensors.
 """
 from __future__ import annotations
 
@@ -27,13 +28,15 @@ class TunedOp(torch.nn.Module):
         super().__init__()
         self.workload, self.shape = match.workload, match.shape
         self.kernel = kernel.bind(**match.weights) if match.weights else kernel
+        self.call = self.kernel.address_call()
         weights = set(match.workload.weight_names())
         self.input_shapes = [shape for name, shape in match.workload.operand_shapes() if name not in weights]
 
     def forward(self, *activations: torch.Tensor) -> torch.Tensor:
-        arrays = [a.detach().reshape(shape).contiguous().numpy() for a, shape in zip(activations, self.input_shapes)]
+        """The graph is static: the pattern checked each activation's dtype and shape, and Dynamo guards them."""
+        tensors = [a.detach().reshape(shape).contiguous() for a, shape in zip(activations, self.input_shapes)]
         out = torch.empty(self.workload.output_shape, dtype=torch.float32)
-        self.kernel(*arrays, out=out.numpy())
+        self.call(*(t.data_ptr() for t in tensors), out.data_ptr())
         return out.view(self.shape)
 
     def extra_repr(self) -> str:

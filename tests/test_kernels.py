@@ -73,6 +73,24 @@ def test_out_argument_and_bound_weights(workload):
     bound = kernel.bind(**{b.name: a for b, a in zip(kernel.inputs[1:], inputs[1:])})
     assert workload.max_error(bound(inputs[0]), expected) <= 1
     assert workload.max_error(bound(inputs[0]), expected) <= 1  # and again: the packed weights persist
+    out[...] = np.nan
+    bound.address_call()(inputs[0].ctypes.data, out.ctypes.data)  # the torch backend's unchecked call
+    assert workload.max_error(out, expected) <= 1
+    out[...] = np.nan
+    kernel.address_call()(*(a.ctypes.data for a in inputs), out.ctypes.data)
+    assert workload.max_error(out, expected) <= 1
+
+
+def test_the_address_call_of_bound_weights_does_not_pack_them_again():
+    workload = dense(32, 64, 48)
+    kernel = build(workload, "llvm", fallback_config(workload, "llvm"))
+    x, w = workload.random_inputs()
+    bound_w = w.copy()
+    call = kernel.bind(W=bound_w).address_call()
+    bound_w *= 2
+    out = np.empty(workload.output_shape, np.float32)
+    call(x.ctypes.data, out.ctypes.data)
+    np.testing.assert_allclose(out, x @ w.T, rtol=1e-4, atol=1e-4)
 
 
 def test_bound_dense_weights_are_packed_once():
