@@ -48,14 +48,13 @@ def known_revisions() -> set[str]:
     return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
 
 
-def check_schema(connection: Connection, revision: str | None) -> None:
+def check_schema(connection: Connection, revision: str | None, tables: list[str]) -> None:
     """Refuse a schema this version cannot take over: one written by a newer tensortune, or another
     program's tables (migrating would add ours among them)."""
     where = connection.engine.url.render_as_string(hide_password=True)
     if revision is not None and revision not in known_revisions():
         raise DatabaseOpenError(f"cannot open {where}: its schema (revision {revision}) is newer than this "
                                 f"version of tensortune knows (newest {head_revision()}); upgrade tensortune")
-    tables = inspect(connection).get_table_names()
     if revision is None and tables:
         raise DatabaseOpenError(f"cannot open {where}: not a tensortune database (it holds the tables "
                                 f"{', '.join(sorted(tables)[:5])} and no tensortune schema)")
@@ -65,10 +64,13 @@ def upgrade(engine: Engine) -> str:
     """Bring the schema to the newest revision (a no-op when it is there) and return that revision."""
     head = head_revision()
     with engine.connect() as connection:
+        # the tables before the revision: a migration another process commits between the two reads then
+        # shows its revision too (read the other way round, its tables looked like another program's)
+        tables = inspect(connection).get_table_names()
         revision = current_revision(connection)
         if revision == head:
             return head
-        check_schema(connection, revision)
+        check_schema(connection, revision, tables)
     with engine.begin() as connection:
         _lock_schema(connection)
         if current_revision(connection) != head:

@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from db import Database
 from db.models import JobRow, MeasurementRow
+from search_space import host_target, matmul
 
 WRITERS, RECORDS = 4, 60
 REPO = Path(__file__).resolve().parents[1]
@@ -68,3 +69,32 @@ def test_concurrent_writer_processes_store_every_row_once(db_url, tmp_path):
     assert sorted(job_ids) == sorted(jobs)
     switches = sum(a[0] != b[0] for a, b in zip(rows, rows[1:]))
     assert switches > WRITERS, "the writers ran one after another, not at once"
+
+
+def test_a_migration_committed_between_the_reads_of_a_new_database_is_not_taken_for_foreign_tables(db_url,
+                                                                                                   monkeypatch):
+    """Another process migrates the new database just after this one read its revision (none yet): its
+    tables then stand beside a revision, and this one opens the database instead of refusing it."""
+    from sqlalchemy import create_engine
+
+    from db import migrate
+
+    read_revision = migrate.current_revision
+
+    def another_process_migrates_right_after(connection):
+        revision = read_revision(connection)
+        monkeypatch.setattr(migrate, "current_revision", read_revision)  # once
+        engine = create_engine(db_url)
+        try:
+            with engine.begin() as other:
+                migrate._lock_schema(other)
+                if read_revision(other) is None:
+                    migrate.command.upgrade(migrate.alembic_config(other), "head")
+        finally:
+            engine.dispose()
+        return revision
+
+    monkeypatch.setattr(migrate, "current_revision", another_process_migrates_right_after)
+    with Database(db_url) as database:
+        job = database.create_job(matmul(16, 16, 16), host_target(), "random", 1)
+        assert database.job(job).status == "queued"
