@@ -312,12 +312,20 @@ class Database:
                              trials: int) -> Job | None:
         """The newest model job of exactly this request (its name, and tasks of the same workloads) that is
         neither done nor failed: the one to resume."""
+        return self._model_job(model, workloads, target, tuner, trials, JobRow.status.not_in(("done", "failed")))
+
+    def done_model_job(self, model: str | None, workloads: Sequence[Workload], target: Target | str, tuner: str,
+                       trials: int) -> Job | None:
+        """The newest model job of exactly this request that ran to its end: a rerun shows it, not tunes again."""
+        return self._model_job(model, workloads, target, tuner, trials, JobRow.status == "done")
+
+    def _model_job(self, model: str | None, workloads: Sequence[Workload], target: Target | str, tuner: str,
+                   trials: int, status) -> Job | None:
         named = JobRow.model.is_(None) if model is None else JobRow.model == model
         wanted = {workload.key for workload in workloads}
         tasks = select(WorkloadRow.key).join(JobRow, JobRow.workload_id == WorkloadRow.id)
         with self.sessions() as session:
-            for row in session.scalars(self._requests(target, tuner, trials, named, MODEL_JOB,
-                                                      JobRow.status.not_in(("done", "failed")))):
+            for row in session.scalars(self._requests(target, tuner, trials, named, MODEL_JOB, status)):
                 if set(session.scalars(tasks.where(JobRow.parent_id == row.id))) == wanted:
                     return self._job(session, row)
         return None

@@ -52,9 +52,10 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
                target: str = TARGET_OPTION,
                tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
                db: Optional[str] = DB_OPTION,
-               workers: str = typer.Option("local", "--workers", help="local, ray, or a Ray cluster address")):
-    """Tune every task of a model under one budget (rerun to resume), then time it: eager PyTorch beside
-    tensortune, in the same run."""
+               workers: str = typer.Option("local", "--workers", help="local, ray, or a Ray cluster address"),
+               again: bool = typer.Option(False, "--again", help="tune anew though the same job already ran to its end")):
+    """Tune every task of a model under one budget (rerun to resume; a finished job is shown, not run again),
+    then time it: eager PyTorch beside tensortune, in the same run."""
     require_torch()
     from bench.model import measure_model
     from frontend import NothingToTune, extract_tasks
@@ -70,20 +71,26 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
         tasks = extract_tasks(net, inputs)
     except NothingToTune as error:
         fail(str(error))
-    measurer = WaitingForHosts(make_measurer(workers), lambda error: console.print(waiting_line(error), markup=False))
-    try:
-        with Live(console=console, transient=False) as live:
-            result = tune_tasks(tasks, target_, trials, database, tuner, measurer, name=model,
-                                on_progress=lambda progress: live.update(progress_table(progress)))
-    except KeyboardInterrupt:
-        console.print("interrupted: run the same command again to resume")
-        raise typer.Exit(130)
-    except JobFailed as error:
-        fail(str(error))
-    finally:
-        measurer.close()
+    done = None if again else database.done_model_job(model, [task.workload for task in tasks], target_, tuner, trials)
+    if done:
+        console.print(f"model job {done.id} already tuned this ({tuner}, {trials} trials, done "
+                      f"{done.finished_at:%Y-%m-%d %H:%M}); --again spends another budget, from the stored records",
+                      highlight=False)
+    else:
+        measurer = WaitingForHosts(make_measurer(workers), lambda error: console.print(waiting_line(error), markup=False))
+        try:
+            with Live(console=console, transient=False) as live:
+                result = tune_tasks(tasks, target_, trials, database, tuner, measurer, name=model,
+                                    on_progress=lambda progress: live.update(progress_table(progress)))
+        except KeyboardInterrupt:
+            console.print("interrupted: run the same command again to resume")
+            raise typer.Exit(130)
+        except JobFailed as error:
+            fail(str(error))
+        finally:
+            measurer.close()
+        print(f"model job {result.job_id}: {result.trials} trials over {len(tasks)} tasks of {model} on {target_}")
     row = measure_model(model, net, inputs, database.url, str(target_), inductor=False)
-    print(f"model job {result.job_id}: {result.trials} trials over {len(tasks)} tasks of {model} on {target_}")
     print(f"eager PyTorch {row['eager_ms']:.2f} ms, tensortune {row['tensortune_ms']:.2f} ms "
           f"({row['tensortune_speedup']:.2f}x), measured together in this run; max difference {row['max_error']:.1e}")
 

@@ -49,6 +49,16 @@ def test_tune_model_tunes_every_task_then_times_the_model(tmp_path):
     jobs = database.children(1)
     assert len(jobs) == 2 and sum(len(database.job_records(job.id)) for job in jobs) == 12
 
+    request = ("tune-model", "models.py:tiny", "--trials", "12", "--tuner", "random", "--target", "llvm -threads=1",
+               "--db", db)
+    shown = run(*request, cwd=tmp_path)  # as `tune` does, a finished job is shown and timed, not run again
+    assert shown.returncode == 0, shown.stderr
+    assert "model job 1 already tuned this" in shown.stderr and "eager PyTorch" in shown.stdout
+    assert sum(len(database.job_records(job.id)) for job in jobs) == 12 and database.children(4) == []
+    again = run(*request, "--again", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "12 trials over 2 tasks" in again.stdout and len(database.children(4)) == 2
+
     timed = run("bench", "model", "models.py:tiny", "--json", "--db", db, "--target", "llvm -threads=1", cwd=tmp_path)
     assert timed.returncode == 0, timed.stderr
     row = json.loads(timed.stdout.strip().splitlines()[-1])
