@@ -107,7 +107,7 @@ class Kernel:
     def address_call(self) -> Callable[..., None]:
         """A call taking the addresses (ints) of the inputs and then the output, in call order, that checks
         nothing: for callers whose arrays are known right (the torch backend's static graphs), where the
-        checks and NumPy wrappers would take longer than a small kernel (20 µs of Python here)."""
+        checks and NumPy wrappers would cost more than a small kernel."""
         return self._address_call(self._scratch, set(), self._lock)
 
     def _address_call(self, fixed: dict[str, np.ndarray], skip: set[str], lock: threading.Lock) -> Callable[..., None]:
