@@ -107,6 +107,13 @@ def test_a_strided_pointwise_convolution_packs_only_the_pixels_it_reads():
     assert packed["Dp"][2:4] == (28, 28)
 
 
+@pytest.mark.parametrize("layer, axis", [((1, 3, 224, 224, 64, 7, 7, 2, 3), "h"), ((1, 512, 7, 7, 512, 3, 3, 1, 1), "k"),
+                                         ((2, 64, 56, 56, 64, 3, 3, 1, 1), "n")])
+def test_the_fallback_splits_images_else_the_larger_operand_across_threads(layer, axis):
+    """The stem's data (padded) outweighs its weights 17 to 1, and the last layer's weights its data 57 to 1."""
+    assert fallback_config(conv2d(*layer), "llvm -threads=2")["parallel"] == axis
+
+
 def test_conv2d_tunes_into_the_database_and_is_applied(tmp_path):
     url = f"sqlite:///{tmp_path}/conv.db"
     workload, target = conv2d(1, 8, 10, 10, 16, 3, 3, 1, 1, bias=True, residual=True, epilogue="relu"), \

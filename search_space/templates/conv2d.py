@@ -56,11 +56,16 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
 
 
 def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
-    """The untuned default: 2 vectors of output channels × 6 output positions, channel blocks of 16."""
-    vec = max(space_.knobs["vec"].candidates)
+    """The untuned default: 2 vectors of output channels × 6 output positions, channel blocks of 16, and
+    threads over images, else over the larger operand (rows of a large image, as the stem's; output
+    channels of large weights, as the last layers'), so each thread streams a share of it and all share
+    the smaller."""
+    p, vec = workload.p, max(space_.knobs["vec"].candidates)
+    oh, ow = conv2d_output(p)
+    data_floats = p["C"] * ((oh - 1) * p["stride"] + p["R"]) * ((ow - 1) * p["stride"] + p["S"])  # padded, as read
+    parallel = "n" if p["N"] > 1 else "h" if data_floats > p["K"] * p["C"] * p["R"] * p["S"] else "k"
     want = {"tile_k": (-1, 2 * vec), "tile_ow": (-1, 6), "tile_c": (-1, 16), "vec": vec, "unroll_c": 4,
-            "order": ("ko", "oh", "owo"), "reduce_order": ("co", "r", "s"),
-            "parallel": "n" if workload.p["N"] > 1 else "k", "write": "rows"}
+            "order": ("ko", "oh", "owo"), "reduce_order": ("co", "r", "s"), "parallel": parallel, "write": "rows"}
     return space_.nearest(want)
 
 
