@@ -62,7 +62,8 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     the smaller."""
     p, vec = workload.p, max(space_.knobs["vec"].candidates)
     oh, ow = conv2d_output(p)
-    data_floats = p["C"] * ((oh - 1) * p["stride"] + p["R"]) * ((ow - 1) * p["stride"] + p["S"])  # padded, as read
+    # the padded span the windows cover (a strided 1×1 packs only every stride-th pixel of it)
+    data_floats = p["C"] * ((oh - 1) * p["stride"] + p["R"]) * ((ow - 1) * p["stride"] + p["S"])
     parallel = "n" if p["N"] > 1 else "h" if data_floats > p["K"] * p["C"] * p["R"] * p["S"] else "k"
     want = {"tile_k": (-1, 2 * vec), "tile_ow": (-1, 6), "tile_c": (-1, 16), "vec": vec, "unroll_c": 4,
             "order": ("ko", "oh", "owo"), "reduce_order": ("co", "r", "s"), "parallel": parallel, "write": "rows"}
