@@ -7,6 +7,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,11 @@ def test_every_other_command_parses(monkeypatch):
             parse_workload(context.params["op"], list(context.params["params"]))
     with pytest.raises(Exception, match="No such option: --trails"):
         parsed(["tune", "matmul", "M=8", "--trails", "3"])  # a typo is caught
+
+
+def test_every_extra_says_what_it_costs():
+    """A new extra must say what it adds to an install: the test install is gigabytes, mostly extras."""
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    costs = dict(re.findall(r"^\| `\[(\w+)\]` \|[^|]*\| ([^|]*\d MB)", README, re.M))
+    aliases = {name for name, needs in project["optional-dependencies"].items() if needs == ["tensortune[torch]"]}
+    assert set(project["optional-dependencies"]) - aliases <= set(costs), costs
