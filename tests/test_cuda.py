@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from search_space import (InvalidConfig, Target, TargetError, Workload, batch_matmul, dense, fallback_config,
                           get_space, lower, matmul)
 from search_space.gpu_device import NoGpu, host_gpu, limits
-from search_space.program import Barrier, Buffer, If, Loop, Program, Stage, launch, var
+from search_space.program import Barrier, Buffer, If, Loop, Program, Stage, launch, var, walk
 from search_space.templates.gemm_cuda import _resources
 from workers import build
 from workers.cuda_codegen import generate
@@ -62,6 +62,21 @@ def test_random_configs_compile_for_sm80_and_sm90_and_emulate_to_numpy(workload,
     assert emulated_error(workload, config) <= 1
 
 
+@pytest.mark.parametrize("workload", [matmul(64, 64, 64), matmul(33, 20, 97), batch_matmul(2, 17, 12, 40),
+                                      dense(19, 24, 64, bias=True, epilogue="gelu")])
+def test_every_barrier_is_emitted_as_syncthreads_and_no_other_sync(workload):
+    """NVRTC compiles a warp-level sync as readily as a block-wide one and the emulator never sees the source, so
+    without a GPU only reading the source shows it: one `__syncthreads();` per barrier of the lowered program."""
+    space = get_space(workload, SM_90)
+    fallback = fallback_config(workload, SM_90).to_dict()
+    configs = space.sample(6, 0) + [space.config(fallback | {"double_buffer": db}) for db in (True, False)]
+    for config in configs:
+        program = lower(workload, SM_90, config)
+        barriers = sum(isinstance(stmt, Barrier) for stage in program.stages for stmt, _, _ in walk(stage.body))
+        syncs = [line.strip() for line in generate(program).code.splitlines() if "sync" in line.lower()]
+        assert barriers and syncs == ["__syncthreads();"] * barriers, config
+
+
 @pytest.mark.parametrize("workload, knobs", [
     (matmul(70, 90, 130), {"split_k": 2, "double_buffer": True, "vec": 2}),
     (matmul(33, 20, 97), {"split_k": 4, "double_buffer": False}),
@@ -105,6 +120,21 @@ def test_the_emulator_catches_a_missing_barrier_as_a_race():
     program, inputs = broken(matmul(32, 32, 64), {"double_buffer": True},
                              lambda s: [] if isinstance(s, Barrier) else None)
     with pytest.raises(EmulationError, match="shared-memory race on"):
+        emulate(program, *inputs)
+
+
+def test_the_emulator_catches_a_missing_trailing_barrier_as_a_write_after_read_race():
+    """Single-buffered, the barrier after the compute keeps the next k tile's loads from overwriting shared memory
+    that other threads still read; lockstep emulation gets the right answer without it, so only the write-after-read
+    check can tell (dropping every barrier, as above, is caught by read-after-write alone)."""
+    def drop_trailing_barrier(stmt):
+        if isinstance(stmt, Loop) and stmt.var == "kt" and isinstance(stmt.body[-1], Barrier):
+            return [dataclasses.replace(stmt, body=stmt.body[:-1])]
+        return None
+
+    program, inputs = broken(matmul(32, 32, 64), {"double_buffer": False}, drop_trailing_barrier)
+    with pytest.raises(EmulationError, match=r"race on As: .* writes an element another thread read .*"
+                                             r"\(write-after-read\)"):
         emulate(program, *inputs)
 
 

@@ -10,7 +10,7 @@ never written shows in the result.
 The emulator also catches what lockstep execution would hide on a GPU: an access outside a
 buffer's bounds (in any dimension), a barrier that only some threads reach, and a race on
 shared memory (between two barriers, an element written by one thread and read or written by
-another).
+another, in either order: the error names which).
 """
 from __future__ import annotations
 
@@ -68,15 +68,18 @@ class _Races:
         np.maximum.at(seen[1], address, lanes)
 
     def on_read(self, address: np.ndarray, lanes: np.ndarray) -> np.ndarray:
-        """Lanes reading an element another thread wrote since the last barrier."""
+        """Lanes reading an element another thread wrote since the last barrier (read-after-write)."""
         racing = self._others(self.written, address, lanes)
         self._record(self.read, address, lanes)
         return racing
 
-    def on_write(self, address: np.ndarray, lanes: np.ndarray) -> np.ndarray:
-        racing = self._others(self.written, address, lanes) | self._others(self.read, address, lanes)
+    def on_write(self, address: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Lanes writing an element another thread read (write-after-read), and lanes writing one another thread
+        wrote (write-after-write), since the last barrier or in this same store."""
+        after_read = self._others(self.read, address, lanes)
+        after_write = self._others(self.written, address, lanes)
         self._record(self.written, address, lanes)
-        return racing | (self.written[0][address] != self.written[1][address])
+        return after_read, after_write | (self.written[0][address] != self.written[1][address])
 
 
 class _StageRun:
@@ -168,24 +171,27 @@ class _StageRun:
             return lanes.ids * buffer.size + flat
         return np.asarray(flat)
 
-    def race(self, buffer: Buffer, racing: np.ndarray, lanes: _Lanes, what: str) -> None:
+    def race(self, buffer: Buffer, racing: np.ndarray, lanes: _Lanes, what: str, hazard: str) -> None:
         if racing.any():
             lane = lanes.ids[racing][0]
             raise EmulationError(f"stage {self.stage.name}: shared-memory race on {buffer.name}: thread "
-                                 f"{lane % self.threads} of block {lane // self.threads} {what} an element another "
-                                 f"thread accessed since the last barrier")
+                                 f"{lane % self.threads} of block {lane // self.threads} {what} since the last "
+                                 f"barrier ({hazard})")
 
     def load(self, load: Load, lanes: _Lanes) -> np.ndarray:
         address = self.address(load.buffer, load.index, lanes)
         if load.buffer.scope == "shared":
-            self.race(load.buffer, self.races[load.buffer.name].on_read(address, lanes.ids), lanes, "reads")
+            self.race(load.buffer, self.races[load.buffer.name].on_read(address, lanes.ids), lanes,
+                      "reads an element another thread wrote", "read-after-write")
         return self.memory[load.buffer.name][address]
 
     def store(self, store: Store, lanes: _Lanes) -> None:
         value = np.broadcast_to(self.value(store.value, lanes), lanes.ids.shape)
         address = self.address(store.buffer, store.index, lanes)
         if store.buffer.scope == "shared":
-            self.race(store.buffer, self.races[store.buffer.name].on_write(address, lanes.ids), lanes, "writes")
+            after_read, after_write = self.races[store.buffer.name].on_write(address, lanes.ids)
+            self.race(store.buffer, after_read, lanes, "writes an element another thread read", "write-after-read")
+            self.race(store.buffer, after_write, lanes, "writes an element another thread wrote", "write-after-write")
         self.memory[store.buffer.name][address] = value
 
     def value(self, value: Value, lanes: _Lanes):
