@@ -3,6 +3,7 @@ import random
 
 import numpy as np
 import pytest
+from db_helpers import database, db_url, measurement  # noqa: F401 (fixtures)
 
 from search_space import Target, get_space, matmul
 from tuner import TUNERS, GridTuner
@@ -87,3 +88,28 @@ def test_xgb_refits_after_every_batch_but_searches_only_every_research_every_tri
         tuner.observe(batch, pool.measure([Task.of(MeasureInput(WORKLOAD, TARGET, c)) for c in batch], FAST))
     assert fits == [4, 8, 12, 16, 20, 24]
     assert searches == [4, 12, 20]  # the first model's search, then one per 8 trials
+
+
+def test_transfer_learns_only_from_the_other_shapes_measured_on_the_target_being_tuned(database):
+    """Speeds measured with another thread count, on another CPU or on a GPU rank configs differently: the xgb
+    tuner's base model starts from the op's other shapes as measured on this very target, and only those."""
+    from tuner.cost_model import features
+    from tuner.tune import history
+
+    shape = matmul(32, 32, 32)
+    here = [measurement(shape, TARGET, index, median) for index, median in [(3, 2e-5), (40, 1e-5), (500, 4e-5)]]
+    elsewhere = [(shape, Target.parse("llvm -threads=2")), (shape, Target("llvm", "othercpu", TARGET.features, 1)),
+                 (shape, Target.parse("cuda -arch=sm_90")), (matmul(16, 16, 16), Target.parse("llvm -threads=2"))]
+    for pair in here:
+        database.record(*pair)
+    for workload, target in elsewhere:
+        for index in (3, 7):
+            database.record(*measurement(workload, target, index, 1e-6))
+    past = history(database, WORKLOAD, TARGET)
+    assert [len(gflops) for _, gflops in past] == [len(here)]
+    (rows, gflops), = past
+    expected = {result.gflops: features(shape, TARGET, get_space(shape, TARGET), measured.config, "itervar")
+                for measured, result in here}
+    assert sorted(gflops) == sorted(expected)
+    for row, speed in zip(rows, gflops):
+        np.testing.assert_array_equal(row, expected[speed])
