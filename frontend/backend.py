@@ -2,23 +2,28 @@
 
 Registered through the `torch_dynamo_backends` entry point, so torch finds it without importing
 tensortune first. Each graph Dynamo hands over has its tensortune patterns (frontend/patterns.py)
-replaced by kernels built with the best stored config for the target (the fallback, with a warning
-once per workload, when none is stored); weights are bound (packed) when the graph is compiled, so
+replaced by kernels built with the best stored config for the target (the template's fallback when none
+is stored, said in one line per graph on the `tensortune.frontend` logger, which prints the bare line
+where logging is not configured); weights are bound (packed) when the graph is compiled, so
 the compiled model assumes them fixed, as inference does. Tensors reach the kernels by address, with no
 copy and no check (the graph's shapes are static), and results are written straight into new torch
 tensors.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import fx
 
 from db import Database, apply_history_best
-from search_space import Target
+from search_space import Target, Workload, fallback_config
 from workers import build
 
 from .capture import Captured
 from .patterns import Match, find_matches
+
+log = logging.getLogger("tensortune.frontend")
 
 
 class TunedOp(torch.nn.Module):
@@ -61,13 +66,24 @@ def substitute(captured: Captured, matches: list[Match], kernels: dict) -> fx.Gr
     return module
 
 
+def fallback_summary(untuned: list[Workload], total: int, target: Target) -> str:
+    return (f"tensortune: {len(untuned)} of {total} kernels have no stored config for {target.label} and run a "
+            f"fallback config, which may be much slower: {'; '.join(workload.label for workload in untuned)}")
+
+
 def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: str | Target = "llvm"):
-    """Build the graph's kernels with the best stored configs of `db` for `target`, then substitute them."""
+    """Build the graph's kernels with the best stored configs of `db` for `target`, then substitute them. The
+    kernels with none stored are named in one summary, not in apply_history_best's warning for each."""
     captured = Captured(graph, list(example_inputs))
     matches = find_matches(captured)
     target = Target.parse(target)
-    with Database(db) as database, apply_history_best(database):
-        kernels = {workload: build(workload, target) for workload in dict.fromkeys(m.workload for m in matches)}
+    with Database(db) as database, apply_history_best(database) as history:
+        stored = {workload: history.query(workload, target) for workload in dict.fromkeys(m.workload for m in matches)}
+    untuned = [workload for workload, config in stored.items() if config is None]
+    if untuned:
+        log.warning(fallback_summary(untuned, len(stored), target))
+    kernels = {workload: build(workload, target, config if config is not None else fallback_config(workload, target))
+               for workload, config in stored.items()}
     return substitute(captured, matches, kernels).forward
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import fx
+from torch._dynamo.utils import get_static_address_type
 
 from search_space import Workload, WorkloadError
 
@@ -74,6 +75,13 @@ def calls(node: fx.Node, targets: set, methods: tuple[str, ...] = ()) -> bool:
     return (node.op == "call_function" and node.target in targets) or (node.op == "call_method" and node.target in methods)
 
 
+def argument(node: fx.Node, position: int, *names: str, default=None):
+    """A call's argument, given by position or by keyword (`names`: what the overloads call it)."""
+    if len(node.args) > position:
+        return node.args[position]
+    return next((node.kwargs[name] for name in names if name in node.kwargs), default)
+
+
 def shape_of(node: fx.Node, captured: Captured) -> tuple[int, ...] | None:
     """The static float32 shape of a node's value, or None (another dtype, or a shape that varies: Dynamo
     traced it with symbolic sizes, after seeing it change)."""
@@ -88,11 +96,14 @@ def shape_of(node: fx.Node, captured: Captured) -> tuple[int, ...] | None:
 
 
 def constant(node, captured: Captured) -> np.ndarray | None:
-    """A parameter or buffer the graph reads (a placeholder or attribute holding a real tensor), as NumPy."""
+    """A tensor the model holds (a parameter, buffer or tensor attribute) that the graph reads, as NumPy; None
+    for anything else, a tensor the caller passes above all: binding it would keep its first value."""
     if not isinstance(node, fx.Node) or node.op not in ("placeholder", "get_attr"):
         return None
     value = example_value(node, captured)
     if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or isinstance(value, torch._subclasses.FakeTensor):
+        return None
+    if node.op == "placeholder" and get_static_address_type(value) is None:  # Dynamo marks the model's own tensors
         return None
     return value.detach().contiguous().numpy()
 
@@ -120,9 +131,8 @@ def activation_epilogue(node: fx.Node, scan: Scan) -> tuple[str, fx.Node | None]
 
 def match_linear(node: fx.Node, scan: Scan) -> Match | None:
     captured = scan.captured
-    x = node.args[0]
-    weight = constant(node.args[1], captured)
-    bias_node = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    x, weight_node, bias_node = argument(node, 0, "input"), argument(node, 1, "weight"), argument(node, 2, "bias")
+    weight = constant(weight_node, captured)
     bias = constant(bias_node, captured) if bias_node is not None else None
     shape = shape_of(x, captured)
     if weight is None or shape is None or len(shape) < 2 or (bias_node is not None and bias is None):
@@ -136,7 +146,7 @@ def match_linear(node: fx.Node, scan: Scan) -> Match | None:
 
 def match_matmul(node: fx.Node, scan: Scan) -> Match | None:
     captured = scan.captured
-    a, b = node.args[:2]
+    a, b = argument(node, 0, "input"), argument(node, 1, "other", "mat2")
     left, right = shape_of(a, captured), shape_of(b, captured)
     if left is None or right is None or len(left) != len(right) or len(left) not in (2, 3, 4) or left[-1] != right[-2]:
         return None
@@ -151,10 +161,9 @@ def match_matmul(node: fx.Node, scan: Scan) -> Match | None:
 
 def match_conv2d(node: fx.Node, scan: Scan) -> Match | None:
     captured = scan.captured
-    args = list(node.args) + [None] * (7 - len(node.args))
-    x, weight_node, bias_node, stride, padding, dilation, groups = args[:7]
-    stride, padding = node.kwargs.get("stride", stride or 1), node.kwargs.get("padding", padding or 0)
-    dilation, groups = node.kwargs.get("dilation", dilation or 1), node.kwargs.get("groups", groups or 1)
+    x, weight_node, bias_node = argument(node, 0, "input"), argument(node, 1, "weight"), argument(node, 2, "bias")
+    stride, padding = argument(node, 3, "stride", default=1), argument(node, 4, "padding", default=0)
+    dilation, groups = argument(node, 5, "dilation", default=1), argument(node, 6, "groups", default=1)
     weight, shape = constant(weight_node, captured), shape_of(x, captured)
     bias = constant(bias_node, captured) if bias_node is not None else None
     square = lambda v: v if isinstance(v, int) else (v[0] if len(set(v)) == 1 else None)

@@ -1,11 +1,13 @@
 """PyTorch models through tensortune: the tasks found in their graphs, and torch.compile(backend="tensortune")
 computing what eager PyTorch computes, on the presets and on models written here."""
+import re
 import subprocess
 import sys
 import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from db import Database
@@ -13,7 +15,8 @@ from frontend import NothingToTune, extract_tasks
 from frontend.backend import TunedOp, compile_graph
 from frontend.capture import capture
 from frontend.presets import PRESETS, ModelError, load_model
-from search_space import Workload, batch_matmul, conv2d, dense, get_space, host_target, matmul
+from search_space import (Target, Workload, batch_matmul, conv2d, dense, fallback_config, get_space, host_target,
+                          matmul)
 from tests.db_helpers import measurement
 
 
@@ -44,6 +47,32 @@ def mixed():
     return model, (torch.randn(2, 5, 24), torch.randn(1, 3, 9, 11))
 
 
+class Functional(nn.Module):
+    """Functional calls as models write them, unlike nn.Linear and nn.Conv2d: bias and weight by keyword, no
+    bias, a weight that is a plain attribute, one computed in forward, and one the caller passes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.conv = nn.Linear(24, 16), nn.Conv2d(3, 4, 3)
+        self.plain = torch.randn(12, 16)  # neither a parameter nor a buffer
+
+    def forward(self, x, given, image):
+        h = F.linear(x, self.fc.weight, bias=self.fc.bias)
+        h = F.linear(h, weight=self.plain, bias=None)
+        h = F.linear(h, self.plain.t() * 0.5)  # computed at each call: PyTorch runs it
+        features = F.conv2d(image, self.conv.weight, bias=self.conv.bias, padding=1)
+        return F.linear(h, given), features  # `given` is the caller's, another at each call: PyTorch runs it
+
+
+def functional_inputs():
+    return torch.randn(2, 5, 24), torch.randn(8, 16), torch.randn(1, 3, 6, 6)
+
+
+def functional():
+    torch.manual_seed(0)
+    return Functional().eval(), functional_inputs()
+
+
 def compiled_output(model, inputs, db, target="llvm"):
     torch._dynamo.reset()  # compile afresh: Dynamo's caches, shared by the whole test process, could reuse (or give
     # up on, past its recompile limit) the code of a model an earlier test compiled, and never call the backend
@@ -64,6 +93,12 @@ def test_tasks_are_the_mapped_patterns_with_their_weights_and_modules():
     assert all(t.weight == 1 for t in tasks.values())
 
 
+def test_functional_calls_bind_the_model_tensors_only():
+    tasks = {t.workload: t.paths for t in extract_tasks(*functional())}
+    assert tasks == {dense(10, 16, 24, bias=True): ("Functional",), dense(10, 12, 16): ("Functional",),
+                     conv2d(1, 3, 6, 6, 4, 3, 3, 1, 1, bias=True): ("Functional",)}
+
+
 def test_bert_layer_tasks():
     tasks = extract_tasks(*load_model("bert-layer"))
     weights = {t.workload.key: t.weight for t in tasks}
@@ -72,6 +107,7 @@ def test_bert_layer_tasks():
                        batch_matmul(12, 128, 64, 128).key: 1}
     assert tasks[0].workload == dense(128, 768, 768, bias=True)  # the most weighted work first
     assert set(tasks[0].paths) == {"query", "key", "value", "output"}
+    assert [t.paths for t in tasks if t.workload.op == "batch_matmul"] == [("EncoderLayer",)] * 2  # the model's code
 
 
 def test_resnet18_tasks_fold_batch_norm_and_fuse_the_shortcut():
@@ -82,29 +118,38 @@ def test_resnet18_tasks_fold_batch_norm_and_fuse_the_shortcut():
 
 
 @pytest.mark.parametrize("make", [mixed, *PRESETS.values()], ids=["mixed", *PRESETS])
-def test_the_compiled_model_computes_what_eager_does(make, tmp_path):
+def test_the_compiled_model_computes_what_eager_does(make, tmp_path, caplog):
     model, inputs = make()
     expected, got, warned = compiled_output(model, inputs, f"sqlite:///{tmp_path}/empty.db")
     assert got.shape == expected.shape
     scale = max(1.0, float(expected.abs().max()))
     assert float((got - expected).abs().max()) <= 1e-4 * scale
-    fallbacks = [w for w in warned if w.startswith("Cannot find config")]
-    assert fallbacks and len(fallbacks) == len(set(fallbacks))  # once per workload
+    [summary] = [record.getMessage() for record in caplog.records if record.name == "tensortune.frontend"]
+    untuned = re.fullmatch(r"tensortune: (\d+) of \1 kernels have no stored config for .+ and run a fallback config, "
+                           r"which may be much slower: (.+)", summary)
+    assert untuned and len(set(untuned[2].split("; "))) == int(untuned[1])  # each kernel named once
+    assert not [w for w in warned if w.startswith("Cannot find config")]  # nor once more for each
 
 
-def test_the_backend_builds_the_best_stored_config(tmp_path):
-    model, x = nn.Linear(32, 48).eval(), torch.randn(16, 32)
-    workload, target = dense(16, 48, 32, bias=True), host_target()
+def test_each_shape_runs_the_config_stored_for_it(tmp_path):
+    """Each shape's best stored config is the other shape's runner-up: a kernel built with the other's, or
+    with the fallback, is seen."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(32, 48), nn.Linear(48, 24)).eval(), torch.randn(16, 32)
+    first, second, target = dense(16, 48, 32, bias=True), dense(16, 24, 48, bias=True), host_target()
+    size = min(get_space(workload, target).size for workload in (first, second))
+    best = {first: size // 3, second: size // 2}
+    assert best[first] != fallback_config(first, target).index and best[second] != fallback_config(second, target).index
     database = Database(f"sqlite:///{tmp_path}/tuned.db")
-    best = get_space(workload, target).size // 3
-    database.record(*measurement(workload, target, best, 1e-6))
-    database.record(*measurement(workload, target, 1, 1e-3))
+    for workload, other in ((first, second), (second, first)):
+        database.record(*measurement(workload, target, best[workload], 1e-6))
+        database.record(*measurement(workload, target, best[other], 1e-3))
     [captured] = capture(model, (x,))
     with torch.inference_mode():
         forward = compile_graph(captured.graph, captured.inputs, database.url, str(target))
         assert torch.allclose(forward(*captured.inputs)[0], model(x), atol=1e-5)
-    [op] = [m for m in forward.__self__.modules() if isinstance(m, TunedOp)]
-    assert op.workload == workload and op.kernel.kernel.config.index == best
+    built = {op.workload: op.kernel.kernel.config.index for op in forward.__self__.modules() if isinstance(op, TunedOp)}
+    assert built == best
 
 
 def test_an_op_whose_shape_varies_runs_in_pytorch_and_is_named_once(tmp_path):
@@ -118,6 +163,34 @@ def test_an_op_whose_shape_varies_runs_in_pytorch_and_is_named_once(tmp_path):
             assert torch.allclose(compiled(x), model(x), atol=1e-5)
     varying = [str(w.message) for w in warned if "changes size between calls" in str(w.message)]
     assert len(varying) == 1 and varying[0].startswith("0 (linear) runs in PyTorch")
+
+
+def test_functional_calls_compute_what_eager_does_at_every_call(tmp_path):
+    """The second call passes another weight of the same shape (made as the first, so that Dynamo reuses the
+    graph): a kernel that bound the first one is wrong."""
+    model, first = functional()
+    second = functional_inputs()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/empty.db"})
+    with torch.inference_mode():
+        for inputs in (first, second):
+            for got, expected in zip(compiled(*inputs), model(*inputs)):
+                assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_fallbacks_are_one_readable_line_on_stderr(tmp_path):
+    """What a torch.compile user sees with nothing tuned: the kernels named in one line, no file:line and no
+    warning per kernel with its target string."""
+    script = ("import torch\n"
+              "model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()\n"
+              f"options = {{'db': 'sqlite:///{tmp_path}/empty.db', 'target': 'llvm -threads=1'}}\n"
+              "with torch.inference_mode():\n"
+              "    torch.compile(model, backend='tensortune', options=options)(torch.randn(4, 16))\n")
+    stderr = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stderr
+    label = Target.parse("llvm -threads=1").label
+    assert stderr.splitlines() == [f"tensortune: 2 of 2 kernels have no stored config for {label} and run a fallback "
+                                   "config, which may be much slower: dense M=4 N=32 K=16 bias=true epilogue=relu; "
+                                   "dense M=4 N=8 K=32 bias=true"]
 
 
 def test_the_backend_is_found_by_name_without_importing_tensortune():
