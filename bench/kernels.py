@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from rich import box
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from threadpoolctl import threadpool_info
 
 from search_space import (Config, InvalidConfig, Target, TargetError, Workload, batch_matmul, conv2d, dense,
@@ -71,6 +72,8 @@ def try_config(workload: Workload, target: Target, config: Config, inputs, expec
 
 FINALISTS = 4  # the fastest configs of a search, timed again against each other
 LEADERS = 3  # the descent steps from the neighbours of this many of the fastest configs so far
+FIGURES = ("GFLOPS", "NumPy", "PyTorch", "ratio", "of peak", "config")  # the table's columns after the workload
+UNBOUNDED = 10_000  # a console width no table here reaches
 
 
 def search(workload: Workload, target: Target, trials: int, seed: int, min_repeat_ms: float) -> tuple[Measured, int]:
@@ -174,14 +177,20 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
 
 
 def print_table(rows: list[dict]) -> None:
-    table = Table(title="tensortune kernels vs references (same run)")
-    for column in ("workload", "threads", "GFLOPS", "NumPy", "PyTorch", "ratio", "of peak", "config"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(r["workload"], str(r["threads"]), f"{r['gflops']:.1f}", f"{r['numpy_gflops']:.1f}",
-                      f"{r['torch_gflops']:.1f}" if r["torch_gflops"] else "-", f"{r['ratio']:.2f}",
-                      f"{r['peak_fraction']:.0%}", str(r["config"]["index"]))
-    Console().print(table)
+    """A table per target. A workload's label wraps at its spaces where the console is too narrow for it (a fused
+    conv2d's at 80 columns takes a few lines, and rows then stand a blank line apart), never cut."""
+    console = Console()
+    for target in dict.fromkeys(r["target"] for r in rows):
+        table = Table("workload", *(Column(name, no_wrap=True) for name in FIGURES), box=box.SIMPLE_HEAD,
+                      title=f"tensortune kernels vs references (same run) on {Target.parse(target).label}")
+        for r in rows:
+            if r["target"] == target:
+                table.add_row(Workload.from_key(r["workload"]).label, f"{r['gflops']:.1f}", f"{r['numpy_gflops']:.1f}",
+                              f"{r['torch_gflops']:.1f}" if r["torch_gflops"] else "-", f"{r['ratio']:.2f}",
+                              f"{r['peak_fraction']:.0%}", str(r["config"]["index"]))
+        unwrapped = console.measure(table, options=console.options.update_width(UNBOUNDED)).maximum
+        table.leading = int(unwrapped > console.width)
+        console.print(table)
 
 
 def main() -> None:

@@ -9,14 +9,14 @@ from rich.console import Console
 from rich import box
 from rich.table import Column, Table
 
-from .cli_args import OP_ARGUMENT, TARGET_OPTION, console, parse_workload
+from .cli_args import OP_ARGUMENT, TARGET_OPTION, fail, parse_workload
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 ServerOption = typer.Option(None, "--server", help=f"URL of tensortune serve (default: TENSORTUNE_SERVER or {DEFAULT_SERVER})")
 
 
 def request(server: Optional[str], method: str, path: str, **kwargs) -> dict | list:
-    """One API call; HTTP errors and unreachable servers end the command with the server's reason."""
+    """One API call; HTTP errors and unreachable servers end the command with one line: the server's reason."""
     import httpx
 
     base = server or os.environ.get("TENSORTUNE_SERVER") or DEFAULT_SERVER
@@ -25,12 +25,10 @@ def request(server: Optional[str], method: str, path: str, **kwargs) -> dict | l
     try:
         response = httpx.request(method, base.rstrip("/") + path, headers=headers, timeout=30, **kwargs)
     except httpx.HTTPError as error:
-        console.print(f"[red]cannot reach {base}:[/red] {error}")
-        raise typer.Exit(1)
+        fail(f"cannot reach {base}: {error}")
     if response.is_error:
         detail = response.json().get("detail", response.text) if "json" in response.headers.get("content-type", "") else response.text
-        console.print(f"[red]{response.status_code}:[/red] {detail}")
-        raise typer.Exit(1)
+        fail(str(detail))
     return response.json()
 
 
@@ -57,14 +55,16 @@ def submit(op: Optional[str] = typer.Argument(None, help=f"{OP_ARGUMENT.help} (o
 
 def jobs(server: Optional[str] = ServerOption, limit: int = typer.Option(50, "--limit", min=1, max=1000)):
     """The server's newest jobs with their progress (a model job's over all its tasks); a failed job's reason, and
-    what a waiting job waits for, follow the table, whole."""
-    table = Table("id", "workload or model", Column("target", no_wrap=True), "tuner", "status", "trials", "GFLOPS",
-                  box=box.SIMPLE_HEAD)
+    what a waiting job waits for, follow the table, whole. The workload wraps at its spaces above the target, so
+    that at 80 columns it takes a few lines of whole parameters."""
+    unbroken = [Column(name, no_wrap=True) for name in ("tuner", "status", "trials", "GFLOPS")]
+    table = Table("id", "workload or model\non target", *unbroken, box=box.SIMPLE_HEAD, leading=1)
     notes = []
     for job in request(server, "GET", "/api/jobs", params={"limit": limit}):
         best = f"{job['best_gflops']:.1f}" if job["best_gflops"] else "-"
-        table.add_row(str(job["id"]), f"model {job['model']}" if job["model"] else job["workload_label"],
-                      job["target_label"], job["tuner"], job["status"], f"{job['trials_done']}/{job['trials']}", best)
+        what = f"model {job['model']}" if job["model"] else job["workload_label"]
+        table.add_row(str(job["id"]), f"{what}\non {job['target_label']}", job["tuner"], job["status"],
+                      f"{job['trials_done']}/{job['trials']}", best)
         if job["error"] or job.get("waiting"):  # a server older than `waiting` leaves it out
             notes.append(f"job {job['id']} {job['status']}: {job['error'] or 'waiting for ' + job['waiting']}")
     out = Console(soft_wrap=False)

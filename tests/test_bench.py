@@ -1,6 +1,7 @@
 """The benchmarks' output formats (their figures are read in bench/, never asserted here)."""
 import json
 import statistics
+from collections import Counter
 
 import pytest
 
@@ -25,6 +26,21 @@ def test_bench_kernels_json_lines():
         best_reference = max(row["numpy_gflops"], row["torch_gflops"] or 0)
         assert row["ratio"] == pytest.approx(row["gflops"] / best_reference, rel=0.05, abs=0.002)  # both rounded
         assert set(row["config"]["knobs"]) >= {"tile_m", "tile_n", "vec", "parallel", "pack_b"}
+
+
+def test_bench_kernels_table_keeps_whole_workload_labels_at_80_columns(capsys, monkeypatch):
+    """The table once cut every workload to `matmul(M=5…` at 80 columns; the rows are its own shapes, the
+    figures as wide as they come."""
+    from bench.kernels import SHAPES, print_table
+
+    monkeypatch.setenv("COLUMNS", "80")
+    print_table([{"workload": shape.key, "threads": threads, "target": f"llvm -threads={threads}", "gflops": 1234.5,
+                  "numpy_gflops": 1234.5, "torch_gflops": 1234.5, "ratio": 1.0, "peak_fraction": 0.99,
+                  "config": {"index": 12345678}} for threads in (1, 2) for shape in SHAPES])
+    shown = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    tokens = Counter(token for shape in SHAPES for token in shape.label.split())
+    assert Counter(shown.split()) >= Counter({token: 2 * count for token, count in tokens.items()}), shown
 
 
 def test_bench_workers_spread_alternates_pool_process_and_fma():

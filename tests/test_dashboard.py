@@ -8,7 +8,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve_helpers import free_port, start
+from db import Database
+from search_space import Target, conv2d, matmul
+from service.api import create_app
+from tests.db_helpers import measurement
+from tests.serve_helpers import free_port, served_in_thread, start
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -77,3 +81,61 @@ def test_the_dashboard_charts_a_running_job_live_and_shows_its_result(browser, s
     page.screenshot(path=str(shot), full_page=True)
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000
+
+
+def test_the_jobs_table_shows_whole_labels_and_reasons_with_the_keys_in_titles(browser, tmp_path):
+    database = Database(tmp_path / "jobs.db")
+    workload = conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, bias=True, residual=True, epilogue="relu")
+    target = Target.parse("llvm -mcpu=rocketlake -threads=2")
+    job = database.create_job(workload, target, "xgb", 64)
+    reason = ("RuntimeError: a deliberately long reason that a table would cut mid-word if it could " * 2).strip()
+    database.update_job(job, "failed", reason)
+    with served_in_thread(create_app(database)) as url:
+        page = browser.new_page(viewport={"width": 1000, "height": 800})
+        page.goto(url)
+        page.wait_for_selector(f"#jobs tr[data-id='{job}']")
+        row = page.text_content(f"#jobs tr[data-id='{job}']")
+        titles = page.eval_on_selector_all(f"#jobs tr[data-id='{job}'] td", "cells => cells.map(c => c.title)")
+    assert workload.label in row and target.label in row and reason in row
+    assert workload.key in titles and str(target) in titles
+
+
+def test_the_dashboard_opens_on_the_running_job_not_the_newest(browser, tmp_path):
+    """The newest job is often one queued behind the running one; the states are set in the database, and
+    no runner changes them while the page loads."""
+    database = Database(tmp_path / "jobs.db")
+    target = Target.parse("llvm -threads=1")
+    workloads = [matmul(size, size, size) for size in (16, 32, 48)]
+    finished, running, queued = (database.create_job(workload, target, "random", 8) for workload in workloads)
+    database.update_job(finished, "done")
+    database.update_job(running, "running")
+    with served_in_thread(create_app(database)) as url:
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        page.goto(url)
+        page.wait_for_function("document.querySelector('#job-id').textContent !== ''", timeout=30_000)
+        assert page.locator("#jobs tbody tr").count() == 3
+        assert page.text_content("#job-id") == str(running) and page.text_content("#job-status") == "running"
+        assert page.text_content("#job-workload").startswith(workloads[1].key)
+        assert page.get_attribute(f"#jobs tr[data-id='{running}']", "class") == "selected"
+
+
+def test_a_model_jobs_chart_counts_trials_in_whole_numbers(browser, tmp_path, monkeypatch):
+    """Three trials across a wide chart: uPlot's own ticks would fall every 0.1 or 0.5 of a trial."""
+    from frontend.presets import PRESETS
+    from service.runner import preset_tasks
+    from tests.test_service_models import MODEL, tiny_mlp
+
+    monkeypatch.setitem(PRESETS, MODEL, tiny_mlp)
+    database = Database(tmp_path / "models.db")
+    target = Target.parse("llvm -threads=1")
+    job = database.create_model_job(MODEL, [task.workload for task in preset_tasks(MODEL)], target, "random", 3)
+    first, second = database.children(job)
+    for index, task in enumerate((first, second, first)):
+        database.record(*measurement(task.workload, target, index, 1e-5), job_id=task.id)
+    with served_in_thread(create_app(database)) as url:
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        page.goto(url)
+        page.wait_for_function("document.querySelector('#chart').dataset.points === '3'", timeout=30_000)
+        ticks = page.evaluate("chart.axes[0]._values")  # the x axis's labels as uPlot drew them
+    assert ticks and all(re.fullmatch(r"\d+", tick) for tick in ticks), ticks
+    assert {"1", "2", "3"} <= set(ticks), ticks

@@ -1,13 +1,15 @@
 """The REST API over a real runner and a real local pool, on SQLite and PostgreSQL."""
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
 from db import Database
-from search_space import Target, Workload
+from search_space import Target, Workload, matmul
 from service.api import create_app
+from service.cli import app as cli
 from service.runner import Runner, RunnerOptions
 from tests.db_helpers import BACKENDS, pg_schema
-from tests.serve_helpers import cancel_running_and_queued, job_in, measured
+from tests.serve_helpers import cancel_running_and_queued, job_in, measured, served_in_thread
 from workers.task import MeasureOptions
 
 FAST = MeasureOptions(repeat=2, min_repeat_ms=1.0)
@@ -112,12 +114,34 @@ def test_bad_requests_get_precise_422s(tmp_path, body, message):
 
 
 def test_writes_need_the_token_when_one_is_set(tmp_path):
-    client = TestClient(create_app(Database(f"sqlite:///{tmp_path}/api.db"), token="s3cret"))
-    assert client.post("/api/jobs", json=job_body()).status_code == 401
-    assert client.post("/api/jobs", json=job_body(), headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert client.post("/api/jobs/1/cancel").status_code == 401
-    assert client.get("/api/jobs").status_code == 200  # reads stay open
-    assert client.post("/api/jobs", json=job_body(), headers=TOKEN).status_code == 201
+    """Every POST the app has, with no token, a wrong one or the right one in the wrong form, is a 401 that
+    changes nothing; the right token cancels."""
+    service = create_app(Database(f"sqlite:///{tmp_path}/api.db"), token="s3cret")
+    client = TestClient(service)
+    job = client.post("/api/jobs", json=job_body(), headers=TOKEN).json()["id"]
+    posts = [route for route in service.routes if "POST" in getattr(route, "methods", ())]
+    assert {route.path for route in posts} >= {"/api/jobs", "/api/jobs/{job_id}/cancel"}
+    refused = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer s3cret2"},
+               {"Authorization": "Bearer s3cre"}, {"Authorization": "s3cret"}, {"Authorization": "Basic s3cret"}]
+    for route in posts:
+        path = route.path.format(**{name: job for name in route.param_convertors})
+        for headers in refused:
+            assert client.post(path, json=job_body(), headers=headers).status_code == 401, (path, headers)
+    assert [(j["id"], j["status"]) for j in client.get("/api/jobs").json()] == [(job, "queued")]  # reads stay open
+    assert client.post(f"/api/jobs/{job}/cancel", headers=TOKEN).json()["status"] == "cancelled"
+    assert client.get(f"/api/jobs/{job}").json()["status"] == "cancelled"
+
+
+def test_the_cli_says_why_a_cancel_is_refused_in_one_line(tmp_path):
+    """The server's reason as the CLI's other errors give theirs, not an HTTP status code."""
+    database = Database(f"sqlite:///{tmp_path}/api.db")
+    done = database.create_job(matmul(16, 16, 16), "llvm -threads=1", "random", 8)
+    database.update_job(done, "done")
+    with served_in_thread(create_app(database)) as url:
+        unknown = CliRunner().invoke(cli, ["cancel", "999", "--server", url])
+        finished = CliRunner().invoke(cli, ["cancel", str(done), "--server", url])
+    assert (unknown.exit_code, unknown.output) == (1, "error: no job 999\n")
+    assert (finished.exit_code, finished.output) == (1, f"error: job {done} is already done\n")
 
 
 def test_unknown_ids_and_missing_best_are_404(tmp_path):

@@ -80,12 +80,14 @@ const GFLOPS_SERIES = [
   { label: "NumPy", stroke: "#888", dash: [6, 4], points: { show: false } },
 ];
 const LATENCY_SERIES = [{ label: "estimated model latency", stroke: "#0a6", width: 2, points: { show: false } }];
+// Trials are whole: the x ticks step by 1, 2 or 5 × 10^k (uPlot's own steps include 0.1 to 0.5 for a short curve).
+const TRIAL_STEPS = [0, 1, 2, 3, 4, 5].flatMap((power) => [1, 2, 5].map((step) => step * 10 ** power));
 
 function makeChart(label, series) {
   return new uPlot({
     width: $("chart").clientWidth, height: 320,
     scales: { x: { time: false } },
-    axes: [{ label: "trial" }, { label }],
+    axes: [{ label: "trial", incrs: TRIAL_STEPS }, { label }],
     series: [{ label: "trial" }, ...series],
   }, [[], ...series.map(() => [])], $("chart"));
 }
