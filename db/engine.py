@@ -1,7 +1,8 @@
 """Which database, and an engine set up for many writers: the URL default, SQLite's WAL and busy timeout.
 
 `--db` wins, then `TENSORTUNE_DB`, then `tensortune.db` in the working directory.
-A bare file path is taken as a SQLite file; anything else must be a SQLAlchemy URL.
+A file path is taken as a SQLite file; anything else must be a SQLAlchemy URL. A bare word (no suffix, no
+directory) that names no file is refused rather than made a new file: it is most likely a mistyped URL.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
+
+from .opening import DatabaseOpenError
 
 DEFAULT_FILE = "tensortune.db"
 BUSY_TIMEOUT_SECONDS = 60
@@ -24,11 +27,18 @@ def is_url(text: str) -> bool:
 
 
 def resolve_url(url: str | Path | None = None) -> str:
-    """The URL to open: the argument, else $TENSORTUNE_DB, else the SQLite file in the working directory."""
+    """The URL to open: the argument, else $TENSORTUNE_DB, else the SQLite file in the working directory;
+    DatabaseOpenError for a bare word that names no file."""
     chosen = str(url) if url else os.environ.get("TENSORTUNE_DB") or DEFAULT_FILE
     if is_url(chosen):
         return chosen
-    return f"sqlite:///{Path(chosen).expanduser().resolve()}"
+    path = Path(chosen).expanduser()
+    if "/" not in chosen and not path.suffix and not path.exists():
+        given = chosen if url else f"{chosen} (from $TENSORTUNE_DB)"
+        raise DatabaseOpenError(f"cannot open {given}: no such file, and not a URL; for a new SQLite file write "
+                                f"{chosen}.db or ./{chosen}, for a server a URL such as "
+                                "postgresql+psycopg://user@host/db")
+    return f"sqlite:///{path.resolve()}"
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -19,6 +19,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from .opening import sqlite_file
+
 
 @dataclass
 class Claim:
@@ -107,8 +109,8 @@ class FileJobLocks:
 def job_locks(engine: Engine) -> PostgresJobLocks | FileJobLocks:
     if engine.dialect.name == "postgresql":
         return PostgresJobLocks(engine)
-    database = engine.url.database
-    if not database or database == ":memory:":
+    database = sqlite_file(engine.url)  # a URI filename too (sqlite:///file:PATH?mode=ro&uri=true)
+    if database is None:
         return FileJobLocks(None, f"memory-{id(engine)}")
     path = f"{os.path.abspath(database)}-jobs.lock"
     return FileJobLocks(path, path)

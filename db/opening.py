@@ -1,12 +1,13 @@
 """Why a database URL cannot be opened, in one line a user can act on: a file that cannot be created, a
 directory that does not exist, a server that does not answer or refuses us, a file or schema that is not
-tensortune's, a schema newer than this version. Every command that takes `--db` prints it and exits 1."""
+tensortune's, a schema newer than this version. Every command that takes `--db` prints it and exits 1; a command
+that writes says so, in one line too, of a database it may only read (`write_refusal`)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
 
@@ -25,11 +26,14 @@ def _shown(url: str) -> str:
         return url
 
 
-def sqlite_file(url: str) -> Path | None:
-    """The file of a SQLite URL; None for in-memory SQLite and for servers."""
+def sqlite_file(url: str | URL) -> Path | None:
+    """The file of a SQLite URL (or of its URI form, `sqlite:///file:PATH?mode=ro&uri=true`); None for in-memory
+    SQLite and for servers."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
+    if parsed.query.get("uri") == "true" and parsed.database.startswith("file:"):
+        return Path(parsed.database.removeprefix("file:").removeprefix("//"))
     return Path(parsed.database)
 
 
@@ -66,8 +70,24 @@ def open_error(url: str, error: BaseException) -> DatabaseOpenError:
     return _opening(url, f"{type(error).__name__}: {error}")
 
 
+def write_refusal(url: str, error: BaseException) -> str | None:
+    """One line for a write that the database refused because we may only read it (SQLite: the file's or its
+    directory's permissions, a read-only file system, `mode=ro`); None for any other error."""
+    if isinstance(error, DBAPIError) and "attempt to write a readonly database" in str(error.orig):
+        return f"cannot write {_shown(url)}: {_read_only(url)}"
+    return None
+
+
+def _read_only(url: str) -> str:
+    if make_url(url).query.get("mode") == "ro":
+        return f"{sqlite_file(url)} is opened read-only (mode=ro)"
+    return f"{sqlite_file(url)} is read-only to this user (see its permissions, and its directory's)"
+
+
 def _driver_reason(url: str, error: BaseException) -> str:
     text = " ".join(str(error).split())
+    if "attempt to write a readonly database" in text:
+        return _read_only(url)
     if "file is not a database" in text:
         return f"{sqlite_file(url)} is not a SQLite database"
     if "unable to open database file" in text:

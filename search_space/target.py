@@ -4,14 +4,19 @@
 `cuda` names the device and its compute capability. The string form is TVM-like:
 `llvm -mcpu=znver4 -mattr=+avx2,+avx512f,+fma -threads=2`, `cuda -device=NVIDIA_A100 -arch=sm_80`.
 `cuda` alone is the host's GPU (read through CuPy; a TargetError says why when there is none);
-`cuda -arch=sm_90` names an architecture with no device, enough to lower and compile.
+`cuda -arch=sm_90` names an architecture with no device, enough to lower and compile. A CPU or feature name
+that LLVM does not know is refused (UnknownName), with the names it knows close to it.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, replace
 from functools import cache
+from typing import Collection
 
 KINDS = ("llvm", "cuda")
 VECTOR_FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "neon", "sve")
@@ -23,6 +28,11 @@ class TargetError(ValueError):
 
 class NoDevice(TargetError):
     """The target names this host's GPU, and the host has none (or no CuPy to see it)."""
+
+
+class UnknownName(TargetError):
+    """An `llvm` target names a CPU or feature LLVM does not know: LLVM would ignore it (an unknown CPU aborts the
+    compile), and the records would carry the name of no machine."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +61,13 @@ class Target:
             return _cuda(options, text)
         target = host_target()
         if "mcpu" in options:
+            require_known("CPU", options["mcpu"], (target.model,))
             target = replace(target, model=options["mcpu"])
         if "mattr" in options:
-            feats = tuple(sorted(f[1:] for f in options["mattr"].split(",") if f.startswith("+")))
-            target = replace(target, features=feats)
+            entries = [entry for entry in options["mattr"].split(",") if entry]
+            for entry in entries:
+                require_known("feature", entry[1:] if entry[0] in "+-" else entry, target.features)
+            target = replace(target, features=tuple(sorted(f[1:] for f in entries if f.startswith("+"))))
         if "threads" in options:
             if not options["threads"].isdigit() or int(options["threads"]) < 1:
                 raise TargetError(f"-threads must be a positive integer in {text!r}")
@@ -113,3 +126,33 @@ def host_target() -> Target:
     features = llvm.get_host_cpu_features()
     vector = tuple(sorted(f for f in VECTOR_FEATURES if features.get(f)))
     return Target("llvm", llvm.get_host_cpu_name(), vector, len(os.sched_getaffinity(0)))
+
+
+def require_known(kind: str, name: str, host_names: Collection[str]) -> None:
+    """Raise UnknownName, with the names LLVM knows close to it, unless LLVM knows CPU or feature `name` (`kind`)
+    for this host's architecture. The host's own names are known without asking LLVM for its lists."""
+    if name in host_names:
+        return
+    known = llvm_names()[kind]
+    if name in known:
+        return
+    close = difflib.get_close_matches(name, sorted(known), n=4)
+    hint = (f"known and close: {', '.join(close)}" if close else
+            f"none of the {len(known)} LLVM knows is close (this host's: {', '.join(host_names) or 'none'})")
+    raise UnknownName(f"unknown {kind} {name!r} for llvm; {hint}")
+
+
+@cache
+def llvm_names() -> dict[str, frozenset[str]]:
+    """The CPU and feature names LLVM knows for this host's triple, as {"CPU": ..., "feature": ...}. llvmlite has
+    no call that lists them, but a target machine for the CPU `help` prints both lists to stderr (once a process,
+    onto the terminal): a child process is asked, and its stderr read (0.1 s, once)."""
+    ask = ("import llvmlite.binding as llvm; llvm.initialize_native_target(); "
+           "llvm.Target.from_default_triple().create_target_machine(cpu='help')")
+    listing = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, timeout=60, check=True).stderr
+    cpus, _, features = listing.partition("Available features for this target:")
+    names = {kind: frozenset(re.findall(r"^  (\S+) +- ", section, re.MULTILINE))
+             for kind, section in (("CPU", cpus), ("feature", features))}
+    if not all(names.values()):
+        raise RuntimeError(f"LLVM's list of CPU and feature names could not be read from: {listing[:300]!r}")
+    return names

@@ -91,7 +91,7 @@ def task_out(task: Job, weight: int | None, records: list[Record]) -> dict:
 def latency_curve(tasks: list[Job], weights: list[int], measured: list[Record]) -> list[float | None]:
     """The model's estimated latency in ms after each of `measured` (its tasks' records, in measurement
     order): allocation.model_latency over each task's best seconds by then (the latest best of a task's
-    history is all the estimate reads); None before any ok record."""
+    history is all the estimate reads); None until each task has an ok record."""
     position = {task.id: i for i, task in enumerate(tasks)}
     best = [math.inf] * len(tasks)
     curve: list[float | None] = []

@@ -115,7 +115,7 @@ class JobDetail(JobOut):
     tasks: list[TaskOut] = Field([], description="a model job's tasks, most weighted work first")
     latency_curve: list[Optional[float]] = Field(
         [], description="a model job's estimated latency in ms (Σ weight × best seconds) after each trial; "
-                        "null before its first ok candidate, empty when its tasks' weights are unknown")
+                        "null until each of its tasks has an ok candidate, empty when its tasks' weights are unknown")
     latency_ms: Optional[float] = Field(None, description="a model job's estimated latency now")
 
 

@@ -9,7 +9,8 @@ from rich.table import Table
 
 from search_space import Workload
 
-from .cli_args import DB_OPTION, TARGET_OPTION, console, fail, open_database, parse_target
+from .cli_args import (DB_OPTION, TARGET_OPTION, WORKERS_HELP, check_workers, console, fail, open_database, parse_target,
+                       writing_to)
 
 MODEL_HELP = "a preset (bert-layer, bert-base, resnet18) or path/to/file.py:function returning (model, example_inputs)"
 
@@ -52,11 +53,12 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
                target: str = TARGET_OPTION,
                tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
                db: Optional[str] = DB_OPTION,
-               workers: str = typer.Option("local", "--workers", help="local, ray, or a Ray cluster address"),
+               workers: str = typer.Option("local", "--workers", help=WORKERS_HELP),
                again: bool = typer.Option(False, "--again", help="tune anew though the same job already ran to its end")):
     """Tune every task of a model under one budget (rerun to resume; a finished job is shown, not run again),
     then time it: eager PyTorch beside tensortune, in the same run."""
     require_torch()
+    check_workers(workers)
     from bench.model import measure_model
     from frontend import NothingToTune, extract_tasks
     from tuner.scheduler import tune_tasks
@@ -79,7 +81,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
     else:
         measurer = WaitingForHosts(make_measurer(workers), lambda error: console.print(waiting_line(error), markup=False))
         try:
-            with Live(console=console, transient=False) as live:
+            with writing_to(database), Live(console=console, transient=False) as live:
                 result = tune_tasks(tasks, target_, trials, database, tuner, measurer, name=model,
                                     on_progress=lambda progress: live.update(progress_table(progress)))
         except KeyboardInterrupt:

@@ -14,7 +14,8 @@ import typer
 
 from db import Record, export_log, import_log, upgrade
 
-from .cli_args import DB_OPTION, OP_ARGUMENT, TARGET_OPTION, console, fail, open_database, parse_target, parse_workload
+from .cli_args import (DB_OPTION, OP_ARGUMENT, TARGET_OPTION, console, fail, open_database, parse_target,
+                       parse_workload, writing_file, writing_to)
 
 
 def describe(record: Record, same_config: int, total: int) -> dict:
@@ -78,7 +79,7 @@ def export(file: Path = typer.Argument(..., dir_okay=False, help="the JSON-lines
            best_only: bool = typer.Option(False, "--best-only", help="only the best of each workload and target"),
            db: Optional[str] = DB_OPTION):
     """Write the measurements as AutoTVM-style JSON lines (log format 0.2)."""
-    with open_database(db) as database:
+    with open_database(db) as database, writing_file(file):
         count = export_log(database, file, best_only=best_only)
     console.print(f"exported {count} record(s) to {file}")
 
@@ -87,7 +88,7 @@ def import_(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="
             best_only: bool = typer.Option(False, "--best-only", help="only the best of each workload and target"),
             db: Optional[str] = DB_OPTION):
     """Read AutoTVM-style JSON lines into the database; malformed lines are reported and skipped (exit 1)."""
-    with open_database(db) as database:
+    with open_database(db) as database, writing_to(database):
         report = import_log(database, file, best_only=best_only)
     for line, why in report.rejected:
         console.print(f"{file}:{line}: rejected: {why}", markup=False, highlight=False)

@@ -13,7 +13,8 @@ from rich.table import Column
 
 from search_space import get_space
 
-from .cli_args import DB_OPTION, OP_ARGUMENT, TARGET_OPTION, console, fail, open_database, parse_target, parse_workload
+from .cli_args import (DB_OPTION, OP_ARGUMENT, TARGET_OPTION, WORKERS_HELP, check_local_host, check_workers, console, fail,
+                       open_database, parse_target, parse_workload, writing_file, writing_to)
 from .cli_records import stored_best
 from .runner import make_measurer
 
@@ -43,7 +44,7 @@ def tune(op: str = OP_ARGUMENT,
          trials: int = typer.Option(64, "--trials", min=1, max=100_000, help="configs to measure in this job"),
          tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
          db: Optional[str] = DB_OPTION,
-         workers: str = typer.Option("local", "--workers", help="local, ray, or a Ray cluster address"),
+         workers: str = typer.Option("local", "--workers", help=WORKERS_HELP),
          early_stopping: Optional[int] = typer.Option(
              None, "--early-stopping", min=1, help="end the job after this many trials without a better config"),
          again: bool = typer.Option(False, "--again", help="tune anew though the same job already ran to its end"),
@@ -57,7 +58,7 @@ def tune(op: str = OP_ARGUMENT,
     from db.queue import JobBusy
     from search_space import NoTemplate, get_space
     from tuner import TUNERS
-    from tuner.tune import JobFailed
+    from tuner.tune import JobFailed, TuneResult
     from tuner.tune import tune as run_tune
     from workers.pool import NoWorkerHost
 
@@ -66,16 +67,12 @@ def tune(op: str = OP_ARGUMENT,
     workload, target_ = parse_workload(op, params), parse_target(target)
     if tuner not in TUNERS:
         raise typer.BadParameter(f"unknown tuner {tuner!r}; tuners: {', '.join(TUNERS)}")
+    check_workers(workers)
     try:
         get_space(workload, target_)
     except NoTemplate as error:
         fail(str(error), 2)
-    if target_.kind == "cuda" and workers == "local":
-        from search_space.gpu_device import local_gpu_problem
-
-        if problem := local_gpu_problem(target_.arch):
-            fail(f"{problem}; a cuda target is measured on a GPU: run this on a GPU host, or with --workers "
-                 f"pointing at a Ray cluster that has GPU nodes")
+    check_local_host(target_, workers)
     database = open_database(db)
     done = None if again else database.done_job(workload, target_, tuner, trials)
     if done:
@@ -83,40 +80,48 @@ def tune(op: str = OP_ARGUMENT,
                       f"{done.finished_at:%Y-%m-%d %H:%M}); --again tunes anew, from the stored records")
         print_stored_best(database, workload, target_)
         return
-    job = database.unfinished_job(workload, target_, tuner, trials)
-    resumed = len(database.job_records(job.id)) if job else 0
-    if job:
-        console.print(f"resuming job {job.id}: {resumed} of {trials} trials already measured")
-    console.print(f"tuning {workload.key} on {target_}", highlight=False)
     counts: Counter = Counter()
-    with Progress(*progress_columns(), console=console) as progress:
-        bar = progress.add_task("", total=trials, completed=resumed, best=0.0, status="")
+    progress = Progress(*progress_columns(), console=console)  # shown once the job is ours (on_start)
+    bar = progress.add_task("", total=trials, best=0.0, status="")
 
-        def on_result(_, result):
-            counts[result.outcome.value] += 1
-            best = max(progress.tasks[0].fields["best"], result.gflops)
-            outcomes = " ".join(f"{name}:{n}" for name, n in sorted(counts.items()))
-            progress.update(bar, advance=1, best=best, status=outcomes)
+    def on_start(job: TuneResult) -> None:
+        if job.resumed:
+            console.print(f"resuming job {job.job_id}: {job.resumed} of {trials} trials already measured")
+        console.print(f"tuning {workload.key} on {target_}", highlight=False)
+        progress.update(bar, completed=job.resumed, best=job.best[1].gflops if job.best else 0.0)
+        progress.start()
 
-        def on_wait(message: str) -> None:
-            progress.console.print(f"[yellow]{escape(message)}[/yellow]", highlight=False)
-            progress.update(bar, status="[yellow]waiting for the database[/yellow]")
+    def on_result(_, result):
+        counts[result.outcome.value] += 1
+        best = max(progress.tasks[0].fields["best"], result.gflops)
+        outcomes = " ".join(f"{name}:{n}" for name, n in sorted(counts.items()))
+        progress.update(bar, advance=1, best=best, status=outcomes)
 
-        def on_host_wait(error: NoWorkerHost) -> None:
-            progress.console.print(f"[yellow]{escape(waiting_line(error))}[/yellow]", highlight=False)
-            progress.update(bar, status=f"[yellow]waiting for {escape(error.awaited)}[/yellow]")
+    def on_wait(message: str) -> None:
+        progress.console.print(f"[yellow]{escape(message)}[/yellow]", highlight=False)
+        progress.update(bar, status="[yellow]waiting for the database[/yellow]")
 
-        measurer = WaitingForHosts(make_measurer(workers), on_host_wait)
-        try:
+    def on_host_wait(error: NoWorkerHost) -> None:
+        progress.console.print(f"[yellow]{escape(waiting_line(error))}[/yellow]", highlight=False)
+        progress.update(bar, status=f"[yellow]waiting for {escape(error.awaited)}[/yellow]")
+
+    measurer = WaitingForHosts(make_measurer(workers), on_host_wait)
+    try:
+        with writing_to(database):
             result = run_tune(workload, target_, trials, tuner, database, measurer, early_stopping=early_stopping,
-                              seed=seed, known=not remeasure, on_result=on_result, on_wait=on_wait)
-        except KeyboardInterrupt:
-            console.print("interrupted: run the same command again to resume")
-            raise typer.Exit(130)
-        except (JobBusy, JobFailed) as error:
-            fail(str(error))
-        finally:
-            measurer.close()
+                              seed=seed, known=not remeasure, on_result=on_result, on_wait=on_wait, on_start=on_start)
+    except KeyboardInterrupt:
+        progress.live.transient = True  # the one line below, which says how far the job got, takes the bar's place
+        progress.live.stop()
+        console.print(f"interrupted at {progress.tasks[0].completed:.0f} of {trials} trials: run the same command "
+                      "again to resume", highlight=False)
+        raise typer.Exit(130)
+    except (JobBusy, JobFailed) as error:
+        progress.live.stop()
+        fail(str(error))
+    finally:
+        progress.live.stop()  # not Progress.stop, which adds a blank line where stderr is no terminal
+        measurer.close()
     known = f"; started from {result.known} stored measurements, none remeasured" if result.known else ""
     print(f"job {result.job_id}: {len(result.measured)} trials ({result.resumed} resumed{known})")
     if result.best is None:
@@ -165,8 +170,10 @@ def plot(job: int = typer.Argument(..., help="job id"),
     records = database.job_records(job)
     if not records:
         fail(f"job {job} has no measurements yet")
-    path = plot_job([r.result.gflops for r in records], [not r.result.ok for r in records],
-                    f"job {job}: {info.workload.key} ({info.tuner})", out or f"job-{job}.png")
+    out = out or f"job-{job}.png"
+    with writing_file(out):
+        path = plot_job([r.result.gflops for r in records], [not r.result.ok for r in records],
+                        f"job {job}: {info.workload.key} ({info.tuner})", out)
     print(Path(path).resolve())
 
 

@@ -1,5 +1,7 @@
 """Jobs that wait for a worker host. On a Ray cluster with no host for a job's target yet (no GPU node of its
-architecture, no CPU of its model) the job waits rather than fails: such a host may join at any time.
+architecture, no CPU of its model) the job waits rather than fails: such a host may join at any time. A service
+measuring on its own host (the local pool) has a job for another CPU model wait too: a service on a host of that
+model, sharing the database, may take it.
 
 The service's runner puts such a job back in the queue, `queued` with what it waits for in `jobs.waiting`:
 no process runs it, so the runner's thread serves other jobs meanwhile, a cancel is a queued job's, and a

@@ -3,8 +3,9 @@
 Each thread owns its measurement pool, so jobs on different threads never share worker
 processes. A job the service stops for shutdown goes back to the queue (it resumes from its
 records); a job the user cancels stops after its batch in flight and stays `cancelled`. A job whose
-target no worker host of the Ray cluster serves yet goes back to the queue too, until one joins
-(service/host_waits.py).
+target no worker host of the pool serves goes back to the queue too (service/host_waits.py): until a Ray node
+of its GPU architecture or CPU model joins, or, on the local pool, a CPU model other than this host's until a
+service on such a host takes it.
 
 A model job is tuned by its tasks' scheduler (tuner/scheduler.py). The service tunes presets only
 (frontend/presets.py; never a file a request names), their tasks extracted here with PyTorch, which

@@ -29,6 +29,21 @@ def wait_for(check, seconds: float, what: str):
     raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
+def wait_while_progressing(check, progress, what: str, stall: float = 60.0):
+    """`check()`'s first true value, asked every 0.1 s for as long as `progress()` (e.g. a count of records) has
+    changed in the last `stall` seconds: work that goes on slowly on a loaded machine is waited for, and
+    work that stopped fails the test `stall` seconds after its last step."""
+    last, moved = progress(), time.monotonic()
+    while not (value := check()):
+        now = progress()
+        if now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall:
+            raise AssertionError(f"no progress for {stall} s (still at {last}) waiting for {what}")
+        time.sleep(0.1)
+    return value
+
+
 def job_when(client, job_id: int, check, what: str, seconds: float = 60) -> dict:
     """The job as `GET /api/jobs/{id}` shows it, once `check(job)` holds; `client` is a TestClient or httpx.Client."""
     return wait_for(lambda: check(job := client.get(f"/api/jobs/{job_id}").json()) and job, seconds,

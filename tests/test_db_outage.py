@@ -1,6 +1,8 @@
 """The database goes away under running work (a PostgreSQL server of the test's own, stopped with
 `pg_ctl stop -m fast` and started again; a connection cut; SQLite held by another writer): the work pauses
-and goes on, nothing dies, and each config of a job is recorded exactly once."""
+and goes on, nothing dies, and each config of a job is recorded exactly once. Waits on running work last
+as long as records keep coming (tests/serve_helpers.wait_while_progressing), so a loaded machine only
+slows them down; a wait for one state (the health check's answer) has a deadline of its own."""
 import os
 import signal
 import sqlite3
@@ -22,7 +24,7 @@ from db.queue import JobQueue
 from search_space import Target, matmul
 from tests.db_helpers import measurement, pg_schema
 from tests.pg_server import postgres_server
-from tests.serve_helpers import free_port, start, wait_for
+from tests.serve_helpers import free_port, start, wait_for, wait_while_progressing
 from tuner.tune import JobFailed, tune
 from workers.pool import make_pool
 from workers.task import MeasureOptions
@@ -49,11 +51,15 @@ def url(server) -> str:
     return make_url(server.url).set(database=name).render_as_string(False)
 
 
-def records_while_up(database: Database, job_id: int) -> int:
+def records_while_up(database: Database, *job_ids: int) -> int:
     try:
-        return len(database.job_records(job_id))
+        return sum(len(database.job_records(job_id)) for job_id in job_ids)
     except OperationalError:
         return 0
+
+
+def all_done(database: Database, *job_ids: int) -> bool:
+    return all(database.job(job_id).status == "done" for job_id in job_ids)
 
 
 def status(port: int, path: str) -> httpx.Response:
@@ -82,10 +88,11 @@ def test_the_service_pauses_through_a_database_restart_and_finishes_its_job(serv
             "workload": {"op": "matmul", "params": {"M": 32, "N": 32, "K": 32}}, "target": str(TARGET),
             "trials": 32, "tuner": "random"}).json()["id"]
         database = Database(url)
-        wait_for(lambda: records_while_up(database, job_id) >= 8, 60, "8 records")
+        recorded = lambda: records_while_up(database, job_id)
+        wait_while_progressing(lambda: recorded() >= 8, recorded, "8 records")
         server.stop()
-        down = wait_for(lambda: status(port, "/healthz").status_code == 503 and status(port, "/healthz"), 10,
-                          "/healthz to answer 503")
+        down = wait_for(lambda: status(port, "/healthz").status_code == 503 and status(port, "/healthz"), 60,
+                        "/healthz to answer 503")
         assert "unavailable" in down.json()["detail"]
         listed = status(port, "/api/jobs")
         assert listed.status_code == 503 and "the database is unavailable" in listed.json()["detail"]
@@ -94,11 +101,11 @@ def test_the_service_pauses_through_a_database_restart_and_finishes_its_job(serv
         before = records_while_up(database, job_id)  # 0: the server is down
         server.start()
         back = time.monotonic()
-        wait_for(lambda: status(port, "/healthz").status_code == 200, 10, "/healthz to answer 200 again")
-        paused = len(database.job_records(job_id))
-        wait_for(lambda: len(database.job_records(job_id)) > paused, 30, "the job to go on")
+        wait_for(lambda: status(port, "/healthz").status_code == 200, 60, "/healthz to answer 200 again")
+        paused = recorded()
+        wait_for(lambda: recorded() > paused, 60, "the job to go on")
         print(f"runner resumed measuring {time.monotonic() - back:.1f} s after the database came back")
-        wait_for(lambda: database.job(job_id).status == "done", 90, "the job to finish")
+        wait_while_progressing(lambda: all_done(database, job_id), recorded, "the job to finish")
         assert before == 0 and service.poll() is None
         assert_measured_once(database, job_id, 32)
         assert status(port, "/api/workers").json()["runners"][0]["busy"] is False
@@ -118,9 +125,10 @@ def test_two_services_restarted_under_them_never_run_a_job_twice(server, url):
             "workload": {"op": "matmul", "params": {"M": 24 + 8 * n, "N": 32, "K": 32}}, "target": str(TARGET),
             "trials": 24, "tuner": "random"}).json()["id"] for n in range(3)]
         database = Database(url)
-        wait_for(lambda: sum(records_while_up(database, job) for job in jobs) >= 8, 60, "8 records")
+        recorded = lambda: records_while_up(database, *jobs)
+        wait_while_progressing(lambda: recorded() >= 8, recorded, "8 records")
         restart(server, 2)
-        wait_for(lambda: all(database.job(job).status == "done" for job in jobs), 120, "every job to finish")
+        wait_while_progressing(lambda: all_done(database, *jobs), recorded, "every job to finish")
         for job in jobs:
             assert_measured_once(database, job, 24)
         assert all(service.poll() is None for service in services)
@@ -131,14 +139,22 @@ def test_two_services_restarted_under_them_never_run_a_job_twice(server, url):
             service.wait()
 
 
-def test_tensortune_tune_waits_for_the_database_with_a_message(server, url):
+def test_tensortune_tune_waits_for_the_database_with_a_message(server, url, tmp_path):
+    """Its output goes to files, so the test can wait on the records while the command runs."""
     Database(url).close()  # the schema, so the test can count records from the start
-    tuning = subprocess.Popen(CLI + ["tune", *JOB, "--db", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, "COLUMNS": "200"})
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        tuning = subprocess.Popen(CLI + ["tune", *JOB, "--db", url], stdout=out, stderr=err, text=True,
+                                  env={**os.environ, "COLUMNS": "200"})
     database = Database(url)
-    wait_for(lambda: records_while_up(database, 1) >= 4, 60, "4 records")
-    restart(server, 3)
-    out, err = tuning.communicate(timeout=120)
+    recorded = lambda: records_while_up(database, 1)
+    try:
+        wait_while_progressing(lambda: recorded() >= 4, recorded, "4 records")
+        restart(server, 3)
+        wait_while_progressing(lambda: tuning.poll() is not None, recorded, "tensortune tune to end")
+    finally:
+        tuning.kill()
+        tuning.wait()
+    out, err = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
     assert tuning.returncode == 0, err
     assert "database unavailable" in err and "Traceback" not in err
     assert "job 1: 24 trials" in out

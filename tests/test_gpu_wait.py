@@ -1,6 +1,7 @@
 """A job whose target no host of the Ray cluster serves yet waits for one, queued and saying what for, rather
 than fails: on a real local cluster whose head offers no CPUs and whose one GPU node (`--num-gpus=1` on a
-host where CuPy sees none, so its agent reports no GPU) serves no cuda target; a CPU node joins in one test."""
+host where CuPy sees none, so its agent reports no GPU) serves no cuda target; a CPU node joins in one test.
+Each wait has a deadline of its own step; a job's run is waited for as long as its trials go on being measured."""
 import logging
 import os
 import signal
@@ -19,7 +20,7 @@ from search_space import Target, matmul
 from service.api import create_app
 from service.runner import Runner, RunnerOptions
 from tests.ray_helpers import alive_nodes, start_node, stop, two_node_cluster, wait_for
-from tests.serve_helpers import job_in, job_when, served_in_thread
+from tests.serve_helpers import job_when, served_in_thread, wait_while_progressing
 from tests.test_dashboard import browser  # noqa: F401 (a fixture)
 from workers.task import MeasureOptions
 
@@ -27,12 +28,20 @@ CUDA_JOB = {"workload": {"op": "matmul", "params": {"M": 64, "N": 64, "K": 64}},
             "trials": 4, "tuner": "random"}
 CPU_JOB = CUDA_JOB | {"target": "llvm -threads=1"}
 LOOKS = Backoff(first=0.2, most=0.5)  # how often a waiting job looks for its host here
+FIRST_LOOK = 120  # seconds for a runner's first look for a host: its pool starts an agent per node (60 s at most)
 
 
 @pytest.fixture(scope="module")
 def cluster():
     with two_node_cluster(dict(os.environ), ["--num-cpus=0"], ["--num-cpus=0", "--num-gpus=1"]) as address:
         yield address
+
+
+def job_once(client, job_id: int, check, what: str) -> dict:
+    """The job once `check(job)` holds, waited for while its trials go on; the first may follow an agent's start
+    on a node that just joined."""
+    get = lambda: client.get(f"/api/jobs/{job_id}").json()
+    return wait_while_progressing(lambda: check(job := get()) and job, lambda: get()["trials_done"], what, FIRST_LOOK)
 
 
 def runner(database: Database, cluster: str) -> Runner:
@@ -50,7 +59,7 @@ def test_a_cuda_job_waits_queued_for_a_gpu_worker_says_so_and_is_cancelled(clust
         created = client.post("/api/jobs", json=CUDA_JOB)
         assert created.status_code == 201 and created.json()["waiting"] == ""
         job_id = created.json()["id"]
-        job = job_when(client, job_id, lambda job: job["waiting"], "waiting")
+        job = job_when(client, job_id, lambda job: job["waiting"], "waiting", FIRST_LOOK)
         assert (job["status"], job["waiting"], job["error"]) == ("queued", "a GPU worker (sm_90)", "")
         page = browser.new_page()
         page.goto(url)
@@ -76,14 +85,14 @@ def test_a_waiting_job_survives_a_restart_and_runs_when_its_host_joins_without_h
     with TestClient(create_app(database, runner(database, cluster))) as client:
         gpu_job = client.post("/api/jobs", json=CUDA_JOB).json()["id"]
         cpu_job = client.post("/api/jobs", json=CPU_JOB).json()["id"]
-        job = job_when(client, cpu_job, lambda job: job["waiting"], "waiting")
+        job = job_when(client, cpu_job, lambda job: job["waiting"], "waiting", FIRST_LOOK)
         assert job["status"] == "queued" and job["waiting"].startswith("a CPU worker (")
     assert database.job(cpu_job).waiting == job["waiting"]  # the service stopped; the job waits in the database
     node = start_node(dict(os.environ), f"--address={cluster}", "--num-cpus=1")
     try:
         wait_for(lambda: alive_nodes() == 3, 60, "the CPU node")
         with TestClient(create_app(database, runner(database, cluster))) as client:
-            done = job_in(client, cpu_job, ("done", "failed"))
+            done = job_once(client, cpu_job, lambda job: job["status"] in ("done", "failed"), "the CPU job to end")
             assert (done["status"], done["trials_done"], done["waiting"]) == ("done", 4, "")
             waiting = client.get(f"/api/jobs/{gpu_job}").json()
             assert (waiting["status"], waiting["waiting"]) == ("queued", "a GPU worker (sm_90)")
@@ -99,7 +108,7 @@ def test_a_job_whose_host_leaves_mid_run_waits_again_with_its_records(cluster, t
         wait_for(lambda: alive_nodes() == 3, 60, "the CPU node")
         with TestClient(create_app(database, runner(database, cluster))) as client:
             job_id = client.post("/api/jobs", json=CPU_JOB | {"trials": 400}).json()["id"]
-            measured = job_when(client, job_id, lambda job: job["trials_done"] >= 4, "measuring")["trials_done"]
+            measured = job_once(client, job_id, lambda job: job["trials_done"] >= 4, "4 trials")["trials_done"]
             stop(node)
             job = job_when(client, job_id, lambda job: job["waiting"], "waiting")
             assert job["status"] == "queued" and job["waiting"].startswith("a CPU worker (") and job["error"] == ""
@@ -119,14 +128,15 @@ def test_tune_waits_for_a_gpu_worker_in_its_progress_display_until_ctrl_c(cluste
     lines: list[str] = []
     threading.Thread(target=lambda: [lines.append(line) for line in tune.stdout], daemon=True).start()
     try:
+        wait_for(lambda: any(line.startswith("tuning ") for line in lines), 120, "tune to connect and start its job")
         said = wait_for(lambda: next((line for line in lines if "waiting for" in line), None), 120, "the waiting line")
         tune.send_signal(signal.SIGINT)
-        tune.wait(60)
+        wait_for(lambda: any("run the same command again to resume" in line for line in lines), 60, "the interruption")
+        tune.wait(60)  # then it disconnects from Ray
     finally:
         tune.kill()
     assert said.strip() == ("no Ray worker host for target 'cuda -arch=sm_90'; hosts: cuda (no GPU seen): waiting for "
                             "a GPU worker (sm_90) to join (Ctrl-C stops; the same command resumes)")
-    wait_for(lambda: any("interrupted: run the same command again to resume" in line for line in lines), 10, "the end")
     assert tune.returncode == 130, "".join(lines)
     database = Database(f"sqlite:///{tmp_path}/cli.db")
     job = database.unfinished_job(matmul(64, 64, 64), Target.parse("cuda -arch=sm_90"), "random", 4)

@@ -4,6 +4,7 @@ Every outcome is provoked by real generated machine code (tests/faulty_tasks.py)
 each, the same pool measures a correct candidate.
 """
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -14,11 +15,13 @@ import pytest
 
 from faulty_tasks import faulty
 from ray_helpers import start_node, stop, two_node_cluster, wait_for
+from tests.test_pool_limits import held_elsewhere
 from search_space import Target, dense, fallback_config, get_space, matmul
 from workers import MeasureInput, MeasureOptions, Outcome, PoolOptions, RayPoolOptions, Task, make_pool, measure
 
 FAST = MeasureOptions(repeat=3, min_repeat_ms=2)
-LIMITS = dict(build_timeout=3.0, run_timeout=3.0, host_lock_wait=3.0)  # the watchdog allows for all three
+# the watchdog allows for all three; the lock wait outlasts the hold in test_the_run_timeout_starts_once_...
+LIMITS = dict(build_timeout=3.0, run_timeout=3.0, host_lock_wait=5.0)
 TARGET = Target.parse("llvm -threads=1")
 WORKLOAD = matmul(64, 64, 64)
 
@@ -65,8 +68,14 @@ def test_the_pool_times_as_fast_as_this_process():
 
 
 @pytest.fixture(scope="module")
-def local_pool():
-    pool = make_pool("local", PoolOptions(**LIMITS))
+def host_lock(tmp_path_factory) -> str:
+    """The lock file of this module's pools, so that a test can hold it and no other run on the machine does."""
+    return str(tmp_path_factory.mktemp("lock") / "host.lock")
+
+
+@pytest.fixture(scope="module")
+def local_pool(host_lock):
+    pool = make_pool("local", PoolOptions(host_lock=host_lock, **LIMITS))
     yield pool
     pool.close()
 
@@ -80,8 +89,9 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def ray_pool(ray_cluster):
-    pool = make_pool("ray", RayPoolOptions(address=ray_cluster, gpu_resource="gpu_host", watchdog_slack=3.0, **LIMITS))
+def ray_pool(ray_cluster, host_lock):
+    pool = make_pool("ray", RayPoolOptions(address=ray_cluster, gpu_resource="gpu_host", watchdog_slack=3.0,
+                                           host_lock=host_lock, **LIMITS))
     yield pool
     pool.close()
 
@@ -155,6 +165,41 @@ def test_sigkill_mid_run_is_retried(pool):
         os.kill(pid, signal.SIGKILL)
     thread.join()
     assert results[0].outcome is Outcome.OK and "retried" in results[0].error
+
+
+@pytest.mark.parametrize("fault, outcome", [("correct", Outcome.OK), ("endless", Outcome.RUN_TIMEOUT)])
+def test_the_run_timeout_starts_once_the_host_lock_is_held(pool, host_lock, fault, outcome):
+    """Another pool builds for 1 s longer than the run timeout: the candidate's build goes beside it, its run
+    waits for the lock, and its timeout starts once the lock is held, so a quick candidate is measured with
+    the lock, and one that hangs after taking it is still stopped at the run timeout."""
+    hold = LIMITS["run_timeout"] + 1.0
+    with held_elsewhere(host_lock, hold, fcntl.LOCK_SH) as released:
+        start = time.perf_counter()
+        result, = pool.measure([faulty(fault)], FAST)
+        wall = time.perf_counter() - start
+    assert result.outcome is outcome, result.error
+    if outcome is Outcome.OK:
+        assert wall > LIMITS["run_timeout"] and result.finished_at > released[0]  # nothing ran before the release
+        assert result.phases["wait"] >= hold / 2 and not result.error  # timed with the lock
+    else:
+        assert result.started_at >= released[0]  # the record spans the run, not the wait before it
+        assert result.finished_at - result.started_at >= LIMITS["run_timeout"]
+
+
+def test_a_fresh_workers_set_up_is_not_run_time(tmp_path):
+    """A worker's first flushed run first writes its cache-flush buffer, twice the last-level cache, faulting
+    in every page: 0.2 to 2.5 s for this host's 960 MiB, a flush after that 0.06 s. That is set-up the worker
+    pays once, so it is done before the run's timeout starts (fresh workers' first runs overran this module's
+    3 s run timeouts so on a loaded host) and recorded as its own phase, in that run's record alone."""
+    one_flushed_call = MeasureOptions(repeat=1, min_repeat_ms=2)
+    pool = make_pool("local", PoolOptions(workers=1, host_lock=str(tmp_path / "host.lock"), **LIMITS))
+    try:
+        first, = pool.measure([faulty("correct")], one_flushed_call)
+        second, = pool.measure([faulty("correct")], one_flushed_call)
+    finally:
+        pool.close()
+    assert first.outcome is second.outcome is Outcome.OK, first.error or second.error
+    assert first.phases["setup"] > 0 and "setup" not in second.phases
 
 
 def test_measure_entry_point_with_its_own_pool():

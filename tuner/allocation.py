@@ -4,7 +4,8 @@ strategy can be tested, and compared, on made-up latency curves without measurin
 "gradient" is Ansor's task scheduler (Zheng et al., OSDI'20, section 6), simplified: the model's latency is
 L = Σ weight_i × seconds_i, so the task to tune next is the one whose next trials are expected to cut
 weight_i × seconds_i the most. "round-robin" gives the tasks batches in turn, the baseline it is measured
-against. Both first give every task one batch (the warm-up), since nothing is known of a task before it.
+against. Both first give every task one batch (the warm-up), since nothing is known of a task before it; on a
+small budget the warm-up's batches shrink so that each task gets one (batch_size).
 """
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ class TaskHistory:
 
 
 def estimated_seconds(histories: Sequence[TaskHistory]) -> list[float]:
-    """Each task's best seconds; one with no ok measurement yet is taken to run at the slowest throughput
-    of the tasks measured (large, but finite, so it neither blocks the estimate nor takes the whole
-    budget when nothing of it ever works); inf while no task has an ok measurement."""
+    """Each task's best seconds, as the allocation weighs them; one with no ok measurement yet is taken to run at
+    the slowest throughput of the tasks measured (finite, so that a task nothing of which ever works does not
+    take the whole budget); inf while no task has an ok measurement."""
     known = [h.flops / h.seconds for h in histories if math.isfinite(h.seconds)]
     slowest = min(known, default=0.0)
     return [h.seconds if math.isfinite(h.seconds) else (h.flops / slowest if slowest else math.inf)
@@ -53,8 +54,11 @@ def estimated_seconds(histories: Sequence[TaskHistory]) -> list[float]:
 
 
 def model_latency(histories: Sequence[TaskHistory]) -> float:
-    """The model's estimated latency in seconds: Σ weight × (estimated) best seconds."""
-    return sum(h.weight * seconds for h, seconds in zip(histories, estimated_seconds(histories)))
+    """The model's estimated latency in seconds: Σ weight × best seconds, inf (unknown) until every task has an
+    ok measurement. A task not measured yet is not guessed at: guessed at the slowest throughput measured so
+    far, it was too optimistic, and the estimate rose as the tasks were measured; with every task's best
+    known, the estimate only falls, as each best does."""
+    return sum(h.weight * h.seconds for h in histories)
 
 
 def observed_rate(best: Sequence[float], span: int) -> float:
@@ -84,6 +88,19 @@ def gains(histories: Sequence[TaskHistory], batch: int) -> list[float]:
         optimistic = max(now / max(h.trials, 1), (now - reachable) / batch)
         found.append(h.weight * (ALPHA * observed_rate(h.best, WINDOW * batch) + (1 - ALPHA) * optimistic))
     return found
+
+
+def batch_size(histories: Sequence[TaskHistory], batch: int, left: int) -> int:
+    """How many trials the next batch measures: `batch`, never more than the `left` of the budget; during the
+    warm-up, no more than an even share of the whole budget per task (at least one), nor of what is left per
+    open task not tried yet (a job resumed from an older run), so that a budget too small for a full batch
+    per task still measures every task (72 trials in batches of 4 left 6 of ResNet-50's 24 tasks unmeasured)
+    and what it leaves over goes to the strategy."""
+    untried = sum(1 for h in histories if not h.trials and not h.exhausted)
+    if not untried:
+        return min(batch, left)
+    budget = left + sum(h.trials for h in histories)
+    return max(1, min(batch, budget // len(histories), left // untried))
 
 
 def next_task(histories: Sequence[TaskHistory], strategy: str, batch: int, rng: random.Random) -> int | None:

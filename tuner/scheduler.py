@@ -22,7 +22,7 @@ from search_space import Target, Workload, get_space
 from workers.pool import Pool
 from workers.task import MeasureOptions
 
-from .allocation import STRATEGIES, TaskHistory, model_latency, next_task
+from .allocation import STRATEGIES, TaskHistory, batch_size, model_latency, next_task
 from .tune import JobSearch, TuneOptions, TuneResult, ending_on_error, measuring
 
 
@@ -56,7 +56,7 @@ class TasksProgress:
     tasks: tuple[TaskProgress, ...]
     trials: int  # spent in all, resumed ones included
     budget: int
-    latency: float  # the model's estimated seconds (allocation.model_latency); inf before any ok measurement
+    latency: float  # the model's estimated seconds (allocation.model_latency); inf until every task has measured ok
 
 
 @dataclass
@@ -77,8 +77,8 @@ def tune_tasks(tasks: Sequence[TuningTask], target: Target | str = "llvm", trial
                on_progress: Callable[[TasksProgress], None] | None = None, stop: Callable[[], bool] = lambda: False,
                strategy: str = "gradient", name: str | None = None, job: Claim | None = None) -> TasksResult:
     """Measure `trials` configs in all over `tasks` (one per distinct workload; the first stands for the
-    model in job listings), `batch` at a time, on the task `strategy` picks (allocation.next_task), through
-    one pool; `on_progress` hears where the run stands before the first batch and after each.
+    model in job listings), `batch` at a time (less where the budget is too small for a batch per task:
+    allocation.batch_size), on the task `strategy` picks (allocation.next_task), through one pool; `on_progress` hears where the run stands before the first batch and after each.
 
     The model job `name` (may be None) of exactly this request is resumed if unfinished, else created with
     one job per task; JobBusy while another live process runs it. `job` is a model job of these tasks the
@@ -140,12 +140,13 @@ def schedule(tasks: Sequence[TuningTask], searches: Sequence[JobSearch], pool: P
     rng, exhausted, curve = random.Random(options.seed), set(), []
     on_progress(progress(tasks, searches, exhausted, options.trials))
     while (left := options.trials - sum(len(s.result.measured) for s in searches)) > 0:
-        chosen = next_task(histories(tasks, searches, exhausted), strategy, options.batch, rng)
+        known = histories(tasks, searches, exhausted)
+        chosen = next_task(known, strategy, options.batch, rng)
         if chosen is None:
             break
         if stop():
             return curve, True
-        measured, asked = len(searches[chosen].result.measured), min(options.batch, left)
+        measured, asked = len(searches[chosen].result.measured), batch_size(known, options.batch, left)
         searches[chosen].step(pool, measured + asked)
         if len(searches[chosen].result.measured) < measured + asked:
             exhausted.add(chosen)

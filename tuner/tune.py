@@ -108,7 +108,8 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
          measure: MeasureOptions = MeasureOptions(), known: bool = True,
          on_result: Callable[[MeasureInput, MeasureResult], None] | None = None,
          job: Claim | None = None, stop: Callable[[], bool] = lambda: False,
-         on_wait: Callable[[str], None] | None = None) -> TuneResult:
+         on_wait: Callable[[str], None] | None = None,
+         on_start: Callable[[TuneResult], None] | None = None) -> TuneResult:
     """Tune until `trials` configs of the job are measured (or early stopping ends it).
 
     Running the same request again resumes an unfinished job: it reloads what the job measured,
@@ -118,6 +119,8 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
     `stop()` is asked between batches and ends the job `cancelled`. An error ends the job `failed` and
     raises JobFailed. A workload with no template for the target raises NoTemplate before any job exists; a pool
     with no worker host for the target raises NoWorkerHost, the job resumable (service/host_waits.py waits).
+    `on_start` hears of the job once it is this caller's and its records are loaded (what it resumes from: the
+    job's id, its resumed results and their best), before anything is measured.
 
     A database outage raises, unless `on_wait` is given: then tune() waits for the database, telling
     `on_wait` why, and resumes the job from its records (what was measured but not yet written is
@@ -130,7 +133,8 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
         try:
             claim = job or JobQueue(database).own(workload, target, options.tuner, options.trials)
             try:
-                return run_job(claim.job_id, workload, target, options, database.fenced(claim), pool, on_result, stop)
+                return run_job(claim.job_id, workload, target, options, database.fenced(claim), pool, on_result, stop,
+                               on_start)
             finally:
                 if job is None:
                     claim.release()
@@ -142,11 +146,14 @@ def tune(workload: Workload, target: Target | str = "llvm", trials: int = 64, tu
 
 
 def run_job(job_id: int, workload: Workload, target: Target, options: TuneOptions, database: Database, pool: Pool | str,
-            on_result: Callable[[MeasureInput, MeasureResult], None] | None, stop: Callable[[], bool]) -> TuneResult:
+            on_result: Callable[[MeasureInput, MeasureResult], None] | None, stop: Callable[[], bool],
+            on_start: Callable[[TuneResult], None] | None = None) -> TuneResult:
     """Run a job held by the caller, writing through `database` (fenced by the job's lock)."""
     with ending_on_error(job_id, lambda status, reason: database.update_job(job_id, status, reason)):
         database.update_job(job_id, "running")
         job = JobSearch(job_id, workload, target, options, database, on_result)
+        if on_start:
+            on_start(job.result)
         with measuring(pool) as measurer:
             stopped = job.step(measurer, options.trials, stop)
     database.finish_job(job_id, "cancelled" if stopped else "done")

@@ -43,10 +43,11 @@ class RayPoolOptions(PoolOptions):
 
 class NoWorkerHost(LookupError):
     """No host of the pool measures `target` now. On a Ray cluster one may join later (a GPU node started
-    after the service), so a job waits for it (service/host_waits.py) rather than fails."""
+    after the service), and a service on such a host may share the job queue, so a job waits for it
+    (service/host_waits.py) rather than fails."""
 
-    def __init__(self, target: Target, hosts: str):
-        super().__init__(f"no Ray worker host for target {str(target)!r}; hosts: {hosts}")
+    def __init__(self, target: Target, hosts: str, pool: str = "Ray"):
+        super().__init__(f"no {pool} worker host for target {str(target)!r}; hosts: {hosts}")
         self.target = target
 
     @property

@@ -15,19 +15,21 @@ import resource
 import signal
 import time
 from collections import deque
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, replace
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import Sequence
 
 from threadpoolctl import threadpool_limits
 
-from search_space import Target
+from search_space import Target, host_target
 
 from .host_lock import HostLock, default_path
-from .pool import PoolOptions
+from .pool import NoWorkerHost, PoolOptions
 from .result import MeasureResult, Outcome
 from .task import Built, MeasureOptions, Task, build_step, failed, run_step
+from .timing import cache_flusher, last_level_cache_bytes
 
 FAULT_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 STARTED = "started"
@@ -39,7 +41,11 @@ def physical_memory() -> int:
 
 def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: int) -> None:
     """A worker process: build on ("build", task), check and time on ("run", options), stop on None.
-    Each step first sends STARTED, once it holds the host lock."""
+    Each step first sends STARTED, once it holds the host lock and, the first time, has set up what runs share."""
+    # Ctrl-C, which a terminal sends to its whole foreground group, is the parent's to answer (it closes the
+    # pool): ignored here, then unblocked (Worker starts this process with SIGINT blocked).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # One BLAS thread for good: the NumPy reference needs no more, and a BLAS pool (re)started
     # after a call keeps spinning and steals a core from the next kernel timed (first timings
     # of each worker were 1.75x slower on two cores).
@@ -49,6 +55,7 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
     lock = HostLock(*host_lock) if host_lock else None
     conn.send("ready")
     built: Built | MeasureResult | None = None
+    flush_buffer_ready = False
     while True:
         try:
             message = conn.recv()
@@ -58,9 +65,12 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
             return
         kind, payload = message
         with lock.held(exclusive=kind == "run") if lock else nullcontext((0.0, True)) as (waited, locked):
+            setup = {}
+            if kind == "run" and payload.flush_cache and built.kernel.target.kind == "llvm" and not flush_buffer_ready:
+                setup, flush_buffer_ready = fault_in_flush_buffer(), True
             conn.send(STARTED)  # the step's timeout runs from here, not from the wait for other pools
             reply = build_step(payload) if kind == "build" else run_step(built, payload)
-        reply = with_wait(reply, waited, locked or kind == "build")
+        reply = with_wait(reply, waited, locked or kind == "build", setup)
         if kind == "build":
             built = reply
             conn.send(reply if isinstance(reply, MeasureResult) else None)
@@ -69,9 +79,20 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
             built = None
 
 
-def with_wait(reply: Built | MeasureResult, waited: float, locked: bool) -> Built | MeasureResult:
-    """The reply with the time spent waiting for the host lock as its "wait" phase."""
-    phases = reply.phases | {"wait": reply.phases.get("wait", 0.0) + waited}
+def fault_in_flush_buffer() -> dict:
+    """{"setup": seconds} to make the process's cache-flush buffer (HostTimedCall) and write it once, which faults
+    in its pages, before the first flushed run's timeout starts: writing twice this host's 480 MiB last-level
+    cache took 0.2 to 2.5 s the first time, 0.06 s after, and fresh workers' first runs overran 3 s run timeouts
+    on a loaded host. A MemoryError here is met again, and recorded, in run_step."""
+    start = time.perf_counter()
+    with suppress(MemoryError):
+        cache_flusher(2 * last_level_cache_bytes())()
+    return {"setup": time.perf_counter() - start}
+
+
+def with_wait(reply: Built | MeasureResult, waited: float, locked: bool, setup: dict) -> Built | MeasureResult:
+    """The reply with the time spent waiting for the host lock as its "wait" phase, and the set-up's phase."""
+    phases = reply.phases | {"wait": reply.phases.get("wait", 0.0) + waited} | setup
     if isinstance(reply, Built):
         reply.phases = phases
         return reply
@@ -79,11 +100,25 @@ def with_wait(reply: Built | MeasureResult, waited: float, locked: bool) -> Buil
     return replace(reply, phases=phases, error=error)
 
 
+def local_cpu_problem(target: Target) -> str:
+    """Why this host cannot time code for `target`'s CPU ("" when it can): another model's code would be timed on
+    this one and stored under that model's name."""
+    model = host_target().model
+    return f"this host's CPU is {model}, not {target.model}" if target.kind == "llvm" and target.model != model else ""
+
+
 class Worker:
     def __init__(self, context, *settings):
         self.conn, child = context.Pipe()
         self.process = context.Process(target=serve, args=(child, *settings), daemon=True, name="tensortune-worker")
-        self.process.start()
+        # the child inherits this thread's signal mask: a Ctrl-C while it starts up waits until serve ignores it
+        # (multiprocessing's resource tracker unblocks SIGINT when it starts, at the first spawn: so it starts first)
+        resource_tracker.ensure_running()
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         child.close()
         self.ready = False
 
@@ -153,8 +188,11 @@ class LocalPool:
         return batch.results
 
     def require_host(self, target: Target) -> None:
-        """This host is the pool's only one, and no other joins: what it cannot measure is refused before a job
-        is made (service/api.py, `tensortune tune`), or fails its candidates saying why."""
+        """This host is the pool's only one, and no other joins: a CPU model other than its own raises NoWorkerHost
+        (the job waits for a service on such a host to take it); a GPU it lacks is refused before a job is made
+        (service/api.py, `tensortune tune`), or fails its candidates saying why."""
+        if local_cpu_problem(target):
+            raise NoWorkerHost(target, f"llvm {host_target().model} (this one)", pool="local")
 
     def _wave(self, batch: Batch, slots: dict, options: MeasureOptions) -> None:
         """Build one candidate per worker in parallel, then run them (one at a time if exclusive)."""
@@ -183,11 +221,13 @@ class LocalPool:
 
     def _collect(self, batch: Batch, slots: dict, pending: dict, step: str) -> dict:
         """Replies in arrival order: {slot: wall seconds} of built candidates, {slot: (result, wall)} of runs.
-        A step's timeout runs from its STARTED; before that it may wait `host_lock_wait` for other pools."""
+        A step's timeout runs from its STARTED; before that it may wait `host_lock_wait` for other pools, then
+        set its process up (serve) as long as a start-up may take."""
         timeout = self.options.build_timeout if step == "build" else self.options.run_timeout
+        before_start = self.options.host_lock_wait + self.options.start_timeout
         started, done = {}, {}
-        deadline = lambda slot: started[slot] + timeout if slot in started else \
-            pending[slot] + self.options.host_lock_wait + timeout
+        window = lambda slot: (started[slot], timeout) if slot in started else (pending[slot], before_start)
+        deadline = lambda slot: sum(window(slot))
         connections = {self._workers[slot].conn: slot for slot in pending}
         while connections:
             soonest = min(deadline(slot) for slot in connections.values())
@@ -213,12 +253,14 @@ class LocalPool:
             for conn, slot in list(connections.items()):
                 if deadline(slot) <= time.perf_counter():
                     del connections[conn]
-                    self._timeout(batch, slots, slot, step, timeout)
+                    self._timeout(batch, slots, slot, step, *window(slot))
         return done
 
-    def _timeout(self, batch: Batch, slots: dict, slot: int, step: str, limit: float) -> None:
+    def _timeout(self, batch: Batch, slots: dict, slot: int, step: str, began: float, limit: float) -> None:
+        """The step's record, from `began` (the perf_counter() of its STARTED, else of its dispatch) to now."""
         outcome = Outcome.BUILD_TIMEOUT if step == "build" else Outcome.RUN_TIMEOUT
-        batch.results[slots[slot][0]] = failed(outcome, f"{step} exceeded {limit:g} s; worker replaced", time.time(),
+        began_at = time.time() - (time.perf_counter() - began)
+        batch.results[slots[slot][0]] = failed(outcome, f"{step} exceeded {limit:g} s; worker replaced", began_at,
                                                worker=self._workers[slot].name)
         self._replace(slot)
 
