@@ -7,7 +7,8 @@ is stored, said in one line per graph on the `tensortune.frontend` logger, which
 where logging is not configured); weights are bound (packed) when the graph is compiled, so
 the compiled model assumes them fixed, as inference does. Tensors reach the kernels by address, with no
 copy and no check (the graph's shapes are static), and results are written straight into new torch
-tensors.
+tensors. The kernels have no backward: an op whose result needs a gradient (grad mode on and an input,
+weight included, requiring grad) stays in PyTorch, said in one line, so training gets eager's gradients.
 """
 from __future__ import annotations
 
@@ -71,11 +72,24 @@ def fallback_summary(untuned: list[Workload], total: int, target: Target) -> str
             f"fallback config, which may be much slower: {'; '.join(workload.label for workload in untuned)}")
 
 
+def needs_grad(match: Match) -> bool:
+    """Whether autograd must differentiate the match's result, as Dynamo traced it: grad mode was on and an
+    input or weight required grad. Dynamo guards both, so a call that differs compiles the graph anew."""
+    return getattr(match.nodes[-1].meta.get("example_value"), "requires_grad", False)
+
+
 def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: str | Target = "llvm"):
     """Build the graph's kernels with the best stored configs of `db` for `target`, then substitute them. The
     kernels with none stored are named in one summary, not in apply_history_best's warning for each."""
     captured = Captured(graph, list(example_inputs))
     matches = find_matches(captured)
+    differentiated = [match for match in matches if needs_grad(match)]
+    if differentiated:
+        log.warning(f"tensortune: {len(differentiated)} of {len(matches)} ops run in PyTorch, as grad mode is on and "
+                    f"their inputs require grad (tensortune kernels are inference-only: call the model under "
+                    f"torch.inference_mode() or torch.no_grad()): "
+                    f"{'; '.join(dict.fromkeys(match.workload.label for match in differentiated))}")
+        matches = [match for match in matches if not needs_grad(match)]
     target = Target.parse(target)
     with Database(db) as database, apply_history_best(database) as history:
         stored = {workload: history.query(workload, target) for workload in dict.fromkeys(m.workload for m in matches)}

@@ -1,13 +1,16 @@
 """Which parts of a captured graph become tensortune workloads.
 
-linear (+ a following relu or gelu that nothing else reads) → dense; a 2-D matmul → matmul; 3-D and
-4-D matmul / bmm with equal batch dimensions → batch_matmul (batch × heads flattened); conv2d with an
-eval-mode BatchNorm folded in, then a residual add and a relu → conv2d. Everything else stays in
-PyTorch. A match names the graph nodes it replaces, the activations its kernel takes at run time, and
-the weights it binds once (BatchNorm already folded into them).
+Every form of linear layer → dense: linear; addmm with a model-owned [K, N] weight and bias (GPT-2's
+Conv1D), its weight bound transposed; matmul / mm by a model-owned 2-D [K, N] weight; each with a following
+relu or gelu (F.gelu, or GPT-2's tanh form written out) that nothing else reads, seen through one view. A
+2-D matmul of two activations → matmul; 3-D and 4-D matmul / bmm with equal batch dimensions →
+batch_matmul (batch × heads flattened); conv2d with an eval-mode BatchNorm folded in, then a residual add
+and a relu → conv2d. Everything else stays in PyTorch. A match names the graph nodes it replaces, the
+activations its kernel takes at run time, and the weights it binds once (BatchNorm already folded into them).
 """
 from __future__ import annotations
 
+import math
 import operator
 import re
 import warnings
@@ -25,12 +28,17 @@ from .capture import Captured, example_value
 
 
 LINEAR = {F.linear, torch._C._nn.linear}
+ADDMM = {torch.addmm}
 MATMUL = {torch.matmul, operator.matmul, torch.bmm, torch.mm}
 CONV = {F.conv2d, torch.conv2d}
 BATCH_NORM = {F.batch_norm}
 ADD = {operator.add, torch.add, operator.iadd}
 RELU = {F.relu, torch.relu, torch.relu_}
 GELU = {F.gelu, torch._C._nn.gelu}
+MUL = {operator.mul, torch.mul, operator.imul}
+POW = {operator.pow, torch.pow}
+TANH = {torch.tanh}
+VIEW = {torch.reshape}
 
 
 class VaryingShape(ValueError):
@@ -108,25 +116,91 @@ def constant(node, captured: Captured) -> np.ndarray | None:
     return value.detach().contiguous().numpy()
 
 
-def sole_user(node: fx.Node, scan: Scan, targets: set, methods: tuple[str, ...] = ()) -> fx.Node | None:
-    """The node's only reader when it is one of `targets` and no earlier match took it: then the
-    intermediate may be fused away."""
+def sole_reader(node: fx.Node, scan: Scan, accept) -> fx.Node | None:
+    """The node's only reader when `accept(reader)` holds and no earlier match took it: then the intermediate
+    may be fused away."""
     users = list(node.users)
-    if len(users) != 1 or not calls(users[0], targets, methods) or users[0] in scan.taken:
+    if len(users) != 1 or users[0] in scan.taken or not accept(users[0]):
         return None
     return users[0]
 
 
-def activation_epilogue(node: fx.Node, scan: Scan) -> tuple[str, fx.Node | None]:
-    """A relu or gelu that alone reads `node`: its epilogue name (gelu's exact form or its tanh form)."""
+def sole_user(node: fx.Node, scan: Scan, targets: set, methods: tuple[str, ...] = ()) -> fx.Node | None:
+    """The node's only reader when it is a call of one of `targets` (or `methods`)."""
+    return sole_reader(node, scan, lambda user: calls(user, targets, methods))
+
+
+def scales(node: fx.Node, operand: fx.Node, targets: set, methods: tuple[str, ...], factor: float) -> bool:
+    """Whether `node` combines `operand` with the number `factor`, in either order (0.5 * x, x.add(1.0))."""
+    if not calls(node, targets, methods) or len(node.args) != 2 or node.kwargs:
+        return False
+    first, second = node.args
+    other = second if first is operand else first if second is operand else None
+    return isinstance(other, (int, float)) and math.isclose(other, factor, rel_tol=1e-6)
+
+
+def written_tanh_gelu(x: fx.Node, scan: Scan) -> list[fx.Node]:
+    """GPT-2's gelu_new written out, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), as Dynamo traces transformers'
+    NewGELUActivation: its nodes, the result last, when they alone read `x`; else []. It is the tanh form the
+    `gelu` epilogue computes, not PyTorch's exact GELU (they differ by up to 4.7e-4)."""
+    if len(x.users) != 3 or any(user in scan.taken for user in x.users):
+        return []
+    half = next((user for user in x.users if scales(user, x, MUL, ("mul", "__mul__"), 0.5)), None)
+    cube = next((user for user in x.users if calls(user, POW, ("pow", "__pow__")) and len(user.args) == 2
+                 and user.args[0] is x and user.args[1] == 3), None)
+    if half is None or cube is None:
+        return []
+    cubic = sole_reader(cube, scan, lambda user: scales(user, cube, MUL, ("mul", "__mul__"), 0.044715))
+    inner = cubic and sole_reader(cubic, scan, lambda user: calls(user, ADD, ("add", "__add__")) and not user.kwargs
+                                  and set(user.args) == {x, cubic})
+    scaled = inner and sole_reader(inner, scan, lambda user: scales(user, inner, MUL, ("mul", "__mul__"),
+                                                                    math.sqrt(2 / math.pi)))
+    tanh = scaled and sole_reader(scaled, scan, lambda user: calls(user, TANH, ("tanh",)) and user.args == (scaled,))
+    plus_one = tanh and sole_reader(tanh, scan, lambda user: scales(user, tanh, ADD, ("add", "__add__"), 1.0))
+    result = plus_one and sole_reader(plus_one, scan, lambda user: calls(user, MUL, ("mul", "__mul__"))
+                                      and not user.kwargs and set(user.args) == {half, plus_one})
+    if result is None or list(half.users) != [result]:
+        return []
+    return [half, cube, cubic, inner, scaled, tanh, plus_one, result]
+
+
+def activation_epilogue(node: fx.Node, scan: Scan) -> tuple[str, list[fx.Node]]:
+    """A relu or gelu that alone reads `node`: its epilogue name (gelu's exact form or its tanh form) and its
+    nodes, the result last."""
     user = sole_user(node, scan, RELU, ("relu",))
     if user is not None:
-        return "relu", user
+        return "relu", [user]
     user = sole_user(node, scan, GELU)
     if user is not None:
         approximate = user.kwargs.get("approximate", user.args[1] if len(user.args) > 1 else "none")
-        return ("gelu" if approximate == "tanh" else "gelu_erf"), user
-    return "none", None
+        return ("gelu" if approximate == "tanh" else "gelu_erf"), [user]
+    written = written_tanh_gelu(node, scan)
+    return ("gelu", written) if written else ("none", [])
+
+
+def fused_activation(node: fx.Node, scan: Scan) -> tuple[str, list[fx.Node]]:
+    """activation_epilogue of `node`, or of a view that alone reads it: Conv1D's addmm is 2-D, and its result
+    is viewed back to [batch, sequence, N] before the activation."""
+    epilogue, nodes = activation_epilogue(node, scan)
+    view = sole_user(node, scan, VIEW, ("view", "reshape"))
+    if nodes or view is None:
+        return epilogue, nodes
+    epilogue, nodes = activation_epilogue(view, scan)
+    return (epilogue, [view] + nodes) if nodes else ("none", [])
+
+
+def dense_match(node: fx.Node, scan: Scan, x, weight: np.ndarray, bias: np.ndarray | None) -> Match | None:
+    """Y = epilogue(x · weightᵀ + bias) for `node`, weight [N, K] and x of rank 2 or more (leading dimensions
+    flattened into M); None when x is not a static float32 operand of K columns."""
+    shape = shape_of(x, scan.captured)
+    if shape is None or len(shape) < 2 or shape[-1] != weight.shape[1]:
+        return None
+    epilogue, activation = fused_activation(node, scan)
+    nodes = [node] + activation
+    workload = Workload.make("dense", M=int(np.prod(shape[:-1])), N=weight.shape[0], K=shape[-1],
+                             bias=bias is not None, epilogue=epilogue)
+    weights = {"W": weight} | ({"bias": bias} if bias is not None else {})
+    return Match(workload, nodes, [x], weights, shape_of(nodes[-1], scan.captured))
 
 
 def match_linear(node: fx.Node, scan: Scan) -> Match | None:
@@ -134,19 +208,31 @@ def match_linear(node: fx.Node, scan: Scan) -> Match | None:
     x, weight_node, bias_node = argument(node, 0, "input"), argument(node, 1, "weight"), argument(node, 2, "bias")
     weight = constant(weight_node, captured)
     bias = constant(bias_node, captured) if bias_node is not None else None
-    shape = shape_of(x, captured)
-    if weight is None or shape is None or len(shape) < 2 or (bias_node is not None and bias is None):
+    if weight is None or weight.ndim != 2 or (bias_node is not None and bias is None):
         return None
-    epilogue, activation = activation_epilogue(node, scan)
-    m = int(np.prod(shape[:-1]))
-    workload = Workload.make("dense", M=m, N=weight.shape[0], K=shape[-1], bias=bias is not None, epilogue=epilogue)
-    weights = {"W": weight} | ({"bias": bias} if bias is not None else {})
-    return Match(workload, [node] + ([activation] if activation else []), [x], weights, shape[:-1] + (weight.shape[0],))
+    return dense_match(node, scan, x, weight, bias)
+
+
+def match_addmm(node: fx.Node, scan: Scan) -> Match | None:
+    """bias + x · weight with the weight stored [K, N] (GPT-2's Conv1D): dense, the weight bound transposed."""
+    captured = scan.captured
+    bias_node, x, weight_node = argument(node, 0, "input"), argument(node, 1, "mat1"), argument(node, 2, "mat2")
+    if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+        return None
+    weight, bias = constant(weight_node, captured), constant(bias_node, captured)
+    if weight is None or bias is None or weight.ndim != 2:
+        return None
+    if bias.shape not in ((weight.shape[1],), (1, weight.shape[1])):
+        return None  # one bias per row, or per element, is no dense bias
+    return dense_match(node, scan, x, np.ascontiguousarray(weight.T), bias.reshape(-1))
 
 
 def match_matmul(node: fx.Node, scan: Scan) -> Match | None:
     captured = scan.captured
     a, b = argument(node, 0, "input"), argument(node, 1, "other", "mat2")
+    weight = constant(b, captured)
+    if weight is not None and weight.ndim == 2:  # x · W by a model-owned [K, N] weight: a linear layer
+        return dense_match(node, scan, a, np.ascontiguousarray(weight.T), None)
     left, right = shape_of(a, captured), shape_of(b, captured)
     if left is None or right is None or len(left) != len(right) or len(left) not in (2, 3, 4) or left[-1] != right[-2]:
         return None
@@ -206,7 +292,8 @@ def fold_batch_norm(node: fx.Node, weight: np.ndarray, bias: np.ndarray | None, 
     return (weight * scale[:, None, None, None]).astype(np.float32), np.asarray(folded_bias, np.float32)
 
 
-MATCHERS = ((LINEAR, (), match_linear), (MATMUL, ("matmul", "bmm", "__matmul__"), match_matmul), (CONV, (), match_conv2d))
+MATCHERS = ((LINEAR, (), match_linear), (ADDMM, ("addmm",), match_addmm),
+            (MATMUL, ("matmul", "bmm", "__matmul__"), match_matmul), (CONV, (), match_conv2d))
 
 
 def find_matches(captured: Captured) -> list[Match]:

@@ -1,0 +1,111 @@
+"""Models as users bring them (Hugging Face transformers, random weights, nothing downloaded): every form of
+linear layer becomes a task, GPT-2's written-out tanh GELU is fused, and the compiled model computes what
+eager PyTorch does, its gradients included."""
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from frontend import extract_tasks
+from search_space import dense
+
+transformers = pytest.importorskip("transformers")
+from transformers.activations import GELUTanh, NewGELUActivation  # below the skip: where transformers is absent
+from transformers.pytorch_utils import Conv1D
+
+
+def tiny_gpt2():
+    """GPT-2 at 32 wide, 2 layers of 2 heads: 8 Conv1D layers (addmm, weight stored [in, out]) and the lm_head."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=100, n_positions=64,
+                                     bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config).eval(), (torch.randint(0, 100, (1, 16)),)
+
+
+def compiled(model, db: str):
+    torch._dynamo.reset()  # compile afresh, as tests/test_frontend.py does: Dynamo's caches are process-wide
+    return torch.compile(model, backend="tensortune", options={"db": db})
+
+
+def test_gpt2_tasks_are_every_conv1d_and_the_lm_head():
+    tasks = {task.workload: task for task in extract_tasks(*tiny_gpt2())}
+    assert {workload: task.weight for workload, task in tasks.items()} == {
+        dense(16, 96, 32, bias=True): 2, dense(16, 32, 32, bias=True): 2,
+        dense(16, 128, 32, bias=True, epilogue="gelu"): 2, dense(16, 32, 128, bias=True): 2, dense(16, 100, 32): 1}
+    assert tasks[dense(16, 128, 32, bias=True, epilogue="gelu")].paths == ("transformer.h.0.mlp.c_fc",
+                                                                           "transformer.h.1.mlp.c_fc")
+    assert tasks[dense(16, 100, 32)].paths == ("lm_head",)
+
+
+def test_gpt2_compiled_computes_what_eager_does(tmp_path):
+    model, inputs = tiny_gpt2()
+    with torch.inference_mode():
+        expected = model(*inputs).logits
+        got = compiled(model, f"sqlite:///{tmp_path}/empty.db")(*inputs).logits
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", [NewGELUActivation, GELUTanh], ids=["written-out", "F.gelu-tanh"])
+def test_tanh_gelu_is_fused_into_the_conv1d_and_computes_it(activation, tmp_path):
+    """Pre-activations over about [-4.5, 4], where the tanh form and PyTorch's exact GELU differ by up to
+    4.7e-4 (near ±2.7): a kernel fusing the exact one is seen."""
+    torch.manual_seed(0)
+    layer = Conv1D(64, 4)
+    layer.weight.data = torch.linspace(-3, 3, 4 * 64).reshape(4, 64)
+    model, x = nn.Sequential(layer, activation()).eval(), torch.rand(3, 8, 4) * 2 - 1
+    assert [task.workload for task in extract_tasks(model, (x,))] == [dense(24, 64, 4, bias=True, epilogue="gelu")]
+    with torch.inference_mode():
+        expected, pre_activation = model(x), layer(x)
+        got = compiled(model, f"sqlite:///{tmp_path}/empty.db")(x)
+    assert float((F.gelu(pre_activation) - expected).abs().max()) > 1e-4
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+class LinearForms(nn.Module):
+    """Linear layers written as addmm (with and without its scale factors) and as a product by a weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.bias = nn.Parameter(torch.randn(24, 40)), nn.Parameter(torch.randn(40))
+        self.second, self.third = nn.Parameter(torch.randn(40, 16)), nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x):
+        h = torch.relu(torch.addmm(self.bias, x.view(-1, 24), self.first)).view(2, 5, 40)  # fused through the view
+        h = torch.relu(h @ self.second)  # a 3-D activation by a [K, N] weight
+        scaled = torch.addmm(self.bias[:8], h.view(-1, 16), self.third, beta=0.5)  # beta ≠ 1: PyTorch runs it
+        return torch.mm(h.view(-1, 16), self.third) + scaled
+
+
+def test_addmm_and_products_by_a_weight_are_dense(tmp_path):
+    torch.manual_seed(0)
+    model, x = LinearForms().eval(), torch.randn(2, 5, 24)
+    assert {task.workload for task in extract_tasks(model, (x,))} == {
+        dense(10, 40, 24, bias=True, epilogue="relu"), dense(10, 16, 40, epilogue="relu"), dense(10, 8, 16)}
+    with torch.inference_mode():
+        expected, got = model(x), compiled(model, f"sqlite:///{tmp_path}/empty.db")(x)
+    assert torch.allclose(got, expected, atol=1e-4)
+
+
+def test_with_grad_enabled_the_ops_needing_gradients_run_in_pytorch_and_match_eager(tmp_path, caplog):
+    """The embeddings and the first block are frozen: its 4 ops need no gradient and run tensortune kernels;
+    the second block's 4 and the lm_head (its input needs one) run in PyTorch, said once, and every weight
+    gets eager's gradient, none a silent None. A call under inference_mode first: Dynamo compiles anew when
+    grad mode changes."""
+    model, inputs = tiny_gpt2()
+    for frozen in (model.transformer.wte, model.transformer.wpe, model.transformer.h[0]):
+        frozen.requires_grad_(False)
+    model(*inputs).logits.pow(2).sum().backward()
+    expected = {name: parameter.grad.clone() for name, parameter in model.named_parameters() if parameter.requires_grad}
+    model.zero_grad()
+    forward = compiled(model, f"sqlite:///{tmp_path}/empty.db")
+    with torch.inference_mode():
+        forward(*inputs)
+    with caplog.at_level(logging.WARNING, logger="tensortune.frontend"):
+        forward(*inputs).logits.pow(2).sum().backward()
+    got = {name: parameter.grad for name, parameter in model.named_parameters() if parameter.requires_grad}
+    assert got.keys() == expected.keys() and all(grad is not None for grad in got.values())
+    assert all(torch.allclose(got[name], expected[name], atol=1e-5) for name in expected)
+    [said] = [record.getMessage() for record in caplog.records if "grad mode is on" in record.getMessage()]
+    assert said.startswith("tensortune: 5 of 9 ops run in PyTorch, as grad mode is on and their inputs require grad")
