@@ -3,8 +3,10 @@
 alternating rounds in one run, with the largest difference from eager's output."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.table import Table
@@ -31,11 +33,36 @@ def measure_model(name: str, model, inputs: tuple, db: str | None = None, target
         calls = {way: (lambda run=run: run(*inputs)) for way, run in runs.items()}
         seconds = head_to_head(calls, threads, rounds=rounds, min_repeat_ms=200)
     row = {"model": name, "threads": threads, "target": target, "compile_seconds": round(compile_seconds, 1),
-           "max_error": float((outputs["tensortune"] - outputs["eager"]).abs().max())}
+           "max_error": max_difference(outputs["tensortune"], outputs["eager"])}
     for way, value in seconds.items():
         row[f"{way}_ms"] = round(value * 1e3, 3)
         row[f"{way}_speedup"] = round(seconds["eager"] / value, 3)
     return row
+
+
+def max_difference(output, expected) -> float:
+    """The largest absolute difference over every tensor of two outputs of one structure: a model may return a
+    tensor, or tuples, lists, dicts, dataclasses or ModelOutputs (both) of them, nested."""
+    differences = [float((got.double() - want.double()).abs().max())
+                   for got, want in zip(tensors(output), tensors(expected), strict=True) if want.numel()]
+    return max(differences, default=0.0)
+
+
+def tensors(output) -> list:
+    """The tensors of a model's output, in order; what else it holds (None, a number, a string) is no result."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, Mapping):
+        parts = output.values()
+    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
+        parts = [getattr(output, field.name) for field in dataclasses.fields(output)]
+    elif isinstance(output, (list, tuple)):
+        parts = output
+    else:
+        return []
+    return [tensor for part in parts for tensor in tensors(part)]
 
 
 def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool, inductor: bool = True) -> list[dict]:

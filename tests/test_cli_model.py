@@ -1,4 +1,6 @@
-"""`tensortune tune-model` and `tensortune bench model` on a model file a user writes, and their refusals."""
+"""`tensortune tune-model` and `tensortune bench model` on a model file a user writes, whatever its forward returns
+(a tensor, tuples, lists, dicts, a Hugging Face ModelOutput), and their refusals."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -28,6 +30,44 @@ def tiny():
 
 def nothing():
     return torch.nn.Sequential(torch.nn.ReLU()), (torch.randn(3),)
+'''
+
+
+STRUCTURED_FILE = '''
+import torch
+
+
+class Heads(torch.nn.Module):
+    def __init__(self, named):
+        super().__init__()
+        self.named, self.up, self.down = named, torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        hidden = torch.relu(self.up(x))
+        if self.named:
+            return {"hidden": hidden, "out": [self.down(hidden)], "steps": 2}
+        return hidden, (self.down(hidden), None)
+
+
+def pair():
+    torch.manual_seed(0)
+    return Heads(named=False).eval(), (torch.randn(4, 16),)
+
+
+def named():
+    torch.manual_seed(0)
+    return Heads(named=True).eval(), (torch.randn(4, 16),)
+'''
+BERT_FILE = '''
+import torch
+from transformers import BertConfig, BertModel
+
+
+def bert():
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64)
+    return BertModel(config).eval(), (torch.randint(0, 100, (1, 8)),)
 '''
 
 
@@ -65,6 +105,55 @@ def test_tune_model_tunes_every_task_then_times_the_model(tmp_path):
     assert {"model", "threads", "eager_ms", "inductor_ms", "tensortune_ms", "max_error"} <= set(row)
     assert row["model"] == "models.py:tiny" and row["threads"] == 1 and row["max_error"] < 1e-4
     assert min(row["eager_ms"], row["inductor_ms"], row["tensortune_ms"]) > 0
+
+
+def test_a_transformers_bert_returning_a_model_output_is_tuned_then_timed(tmp_path):
+    """A BertModel from its config, random weights (the `[hf]` extra; nothing is downloaded): its forward returns a
+    BaseModelOutputWithPoolingAndCrossAttentions, which the final timing subtracted as if it were a tensor, a
+    traceback after the tuning was stored."""
+    pytest.importorskip("transformers")
+    (tmp_path / "hf.py").write_text(BERT_FILE)
+    db = f"sqlite:///{tmp_path}/hf.db"
+    tuned = run("tune-model", "hf.py:bert", "--trials", "8", "--tuner", "random", "--target", "llvm -threads=1",
+                "--db", db, cwd=tmp_path)
+    assert tuned.returncode == 0, tuned.stderr
+    assert "Traceback" not in tuned.stderr and "eager PyTorch" in tuned.stdout
+    assert float(tuned.stdout.split("max difference ")[-1]) < 1e-4
+    database = Database(db)
+    tasks = database.children(1)  # its dense layers: 8 trials are too few for a batch of 4 each
+    assert len(tasks) >= 3 and all(database.job_records(task.id) for task in tasks)
+
+    timed = run("bench", "model", "hf.py:bert", "--json", "--no-inductor", "--db", db, "--target", "llvm -threads=1",
+                cwd=tmp_path)
+    assert timed.returncode == 0, timed.stderr
+    row = json.loads(timed.stdout.strip().splitlines()[-1])
+    assert row["model"] == "hf.py:bert" and row["max_error"] < 1e-4 and row["tensortune_ms"] > 0
+
+
+def test_bench_model_times_models_returning_tuples_and_dicts(tmp_path):
+    (tmp_path / "heads.py").write_text(STRUCTURED_FILE)
+    timed = run("bench", "model", "heads.py:pair", "heads.py:named", "--json", "--no-inductor", "--target",
+                "llvm -threads=1", "--db", f"sqlite:///{tmp_path}/heads.db", cwd=tmp_path)
+    assert timed.returncode == 0, timed.stderr
+    rows = [json.loads(line) for line in timed.stdout.strip().splitlines()[-2:]]
+    assert [row["model"] for row in rows] == ["heads.py:pair", "heads.py:named"]
+    assert all(row["max_error"] < 1e-4 and row["tensortune_ms"] > 0 for row in rows)
+
+
+def test_the_error_is_the_largest_over_every_tensor_of_the_output():
+    torch = pytest.importorskip("torch")
+    from bench.model import max_difference
+
+    @dataclasses.dataclass
+    class Output:
+        logits: torch.Tensor
+        extra: tuple
+
+    zeros, ones = torch.zeros(3), torch.ones(2)
+    expected = {"a": zeros, "b": [Output(ones, (zeros, None, 7))]}
+    assert max_difference(expected, expected) == 0.0
+    assert max_difference({"a": zeros + 0.5, "b": [Output(ones, (zeros - 2, None, 7))]}, expected) == 2.0
+    assert max_difference((zeros, ones * 3), (zeros, ones)) == 2.0
 
 
 def test_models_that_cannot_be_tuned_are_refused_in_one_line(tmp_path):

@@ -80,6 +80,13 @@ def test_an_unknown_task_is_allocated_at_the_slowest_throughput_and_leaves_the_l
     assert next_task([TaskHistory("dense", 1, 1, (1.0,), exhausted=True)], "gradient", 4, random.Random(0)) is None
 
 
+def test_a_small_budgets_warm_up_batches_leave_a_measurement_for_every_task():
+    untried, tried = TaskHistory("dense", 10**6, 1), TaskHistory("dense", 10**6, 1, (1e-3,) * 4)
+    assert batch_size([untried] * 24, 4, 72) == 3 and batch_size([untried] * 6, 4, 3) == 1
+    assert batch_size([tried] * 12 + [untried] * 12, 4, 24) == 2  # resumed from a run that gave 12 tasks 4 each
+    assert batch_size([tried] * 3, 4, 100) == 4 and batch_size([tried] * 3, 4, 2) == 2  # the warm-up done
+
+
 @pytest.fixture(scope="module")
 def pool():
     with make_pool("local") as local:

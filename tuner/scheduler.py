@@ -78,7 +78,8 @@ def tune_tasks(tasks: Sequence[TuningTask], target: Target | str = "llvm", trial
                strategy: str = "gradient", name: str | None = None, job: Claim | None = None) -> TasksResult:
     """Measure `trials` configs in all over `tasks` (one per distinct workload; the first stands for the
     model in job listings), `batch` at a time (less where the budget is too small for a batch per task:
-    allocation.batch_size), on the task `strategy` picks (allocation.next_task), through one pool; `on_progress` hears where the run stands before the first batch and after each.
+    allocation.batch_size), on the task `strategy` picks (allocation.next_task), through one pool;
+    `on_progress` hears where the run stands before the first batch and after each.
 
     The model job `name` (may be None) of exactly this request is resumed if unfinished, else created with
     one job per task; JobBusy while another live process runs it. `job` is a model job of these tasks the
