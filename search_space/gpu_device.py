@@ -84,7 +84,8 @@ def host_gpus() -> tuple[GpuDevice, ...]:
     try:
         from cupy.cuda import runtime
     except ImportError as error:
-        raise NoGpu(f"the cuda target needs CuPy ({error}); install it with: pip install 'tensortune[cuda]'") from None
+        raise NoGpu(f"no CUDA GPU on this host can be used: the cuda target needs CuPy ({error}); "
+                    "install it with: pip install 'tensortune[cuda]'") from None
     try:
         count = runtime.getDeviceCount()
     except runtime.CUDARuntimeError as error:

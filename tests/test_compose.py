@@ -173,6 +173,13 @@ def test_the_image_installs_the_project():
     assert ".venv" in ignored and not {"pyproject.toml", "README.md", "service", "workers"} & set(ignored)
 
 
+def packages_of(extra: str, extras: dict[str, list[str]]) -> set[str]:
+    """The packages an extra installs, those of the extras it names (`tensortune[nvrtc]`) included."""
+    requirements = [Requirement(text) for text in extras[extra]]
+    return set().union({r.name for r in requirements if r.name != "tensortune"},
+                       *(packages_of(named, extras) for r in requirements if r.name == "tensortune" for named in r.extras))
+
+
 def test_only_the_gpu_image_installs_the_cuda_extras(compose):
     """The GPU worker's image holds CuPy, NVRTC, cudart and cuBLAS (the benchmark's reference); the head's and the
     CPU workers' hold none of them, and the two images have tags of their own, so neither build overwrites the other."""
@@ -180,7 +187,7 @@ def test_only_the_gpu_image_installs_the_cuda_extras(compose):
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     gpu_extras = build_args(services["worker-gpu"])["EXTRAS"]
     assert installed(gpu_extras)[-1] == f".[{gpu_extras}]"
-    packages = {Requirement(requirement).name for extra in gpu_extras.split(",") for requirement in extras[extra]}
+    packages = set().union(*(packages_of(extra, extras) for extra in gpu_extras.split(",")))
     assert {"cupy-cuda12x", "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12"} <= packages
     assert all("EXTRAS" not in build_args(services[name]) for name in ["ray-head", "worker-cpu"])
     assert services["worker-gpu"]["image"] != services["ray-head"]["image"]

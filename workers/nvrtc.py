@@ -1,5 +1,6 @@
-"""Compile CUDA C to a cubin with NVRTC, through CuPy's bindings: no GPU is needed, only the NVRTC library
-(the `nvidia-cuda-nvrtc-cu12` wheel or a CUDA toolkit).
+"""Compile CUDA C to a cubin with NVRTC, through NVIDIA's binding (`cuda.bindings.nvrtc`, the `cuda-bindings`
+package): no GPU, driver or CuPy is needed, only the NVRTC library, which the binding finds in the
+`nvidia-cuda-nvrtc-cu12` wheel or a CUDA toolkit (`pip install 'tensortune[nvrtc]'` installs both).
 
 The cubin is built for one real architecture (`sm_90` runs on compute capability 9.0 only), and
 ptxas reports what each kernel uses: registers, spills, shared memory. A kernel whose launch
@@ -37,13 +38,31 @@ class Cubin:
     log: str
 
 
+_INSTALL = "install it with: pip install 'tensortune[nvrtc]'"
+
+
 def _nvrtc():
     try:
-        from cupy.cuda import nvrtc
+        from cuda.bindings import nvrtc
     except ImportError as error:
-        raise CudaCompileError(f"compiling CUDA C needs CuPy and NVRTC ({error}); "
-                               "install them with: pip install 'tensortune[cuda]'") from None
+        raise CudaCompileError(f"compiling CUDA C needs NVRTC's binding, cuda-bindings ({error}); {_INSTALL}") from None
     return nvrtc
+
+
+def _checked(nvrtc, result: tuple, log: str = ""):
+    """The value of an NVRTC call's (status, value...) result; CudaCompileError, with the log, unless it succeeded."""
+    status, *values = result
+    if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        name = nvrtc.nvrtcGetErrorString(status)[1].decode()
+        raise CudaCompileError(f"{name} ({int(status)})\n{log}".rstrip())
+    return values[0] if values else None
+
+
+def _read(nvrtc, program, size_of, read) -> bytes:
+    """What an NVRTC size-then-copy pair (the log, the cubin) holds."""
+    buffer = bytearray(_checked(nvrtc, size_of(program)))
+    _checked(nvrtc, read(program, buffer))
+    return bytes(buffer)
 
 
 def compile_cuda(code: str, arch: str, name: str = "tensortune.cu") -> Cubin:
@@ -51,17 +70,19 @@ def compile_cuda(code: str, arch: str, name: str = "tensortune.cu") -> Cubin:
     compute_capability(arch)
     nvrtc = _nvrtc()
     try:
-        program = nvrtc.createProgram(code, name, [], [])
-    except nvrtc.NVRTCError as error:  # e.g. the NVRTC library itself cannot be loaded
-        raise CudaCompileError(f"NVRTC is unusable: {error}") from None
+        created = nvrtc.nvrtcCreateProgram(code.encode(), name.encode(), 0, [], [])
+    except RuntimeError as error:  # the binding loads libnvrtc on first use: not found, or not loadable
+        raise CudaCompileError(f"NVRTC is unusable: {str(error).strip()}; {_INSTALL}") from None
+    program = _checked(nvrtc, created)
+    options = [option.encode() for option in (f"--gpu-architecture={arch}", "--std=c++17", "--ptxas-options=-v")]
     try:
-        nvrtc.compileProgram(program, [f"--gpu-architecture={arch}", "--std=c++17", "--ptxas-options=-v"])
-        log = nvrtc.getProgramLog(program)
-        image = nvrtc.getCUBIN(program)
-    except nvrtc.NVRTCError as error:
-        raise CudaCompileError(f"{error}\n{nvrtc.getProgramLog(program)}") from None
+        compiled = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        raw_log = _read(nvrtc, program, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog)
+        log = raw_log.rstrip(b"\0").decode(errors="replace")
+        _checked(nvrtc, compiled, log)
+        image = _read(nvrtc, program, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
     finally:
-        nvrtc.destroyProgram(program)
+        nvrtc.nvrtcDestroyProgram(program)
     return Cubin(image, arch, parse_usage(log), log)
 
 
