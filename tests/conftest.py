@@ -1,0 +1,10 @@
+"""Suite-wide set-up."""
+import signal
+
+
+def pytest_configure(config):
+    """Ctrl-C as a terminal sends it: a suite started as a background job of a non-interactive shell inherits
+    SIGINT ignored, and so would every command a test starts (Python then installs no KeyboardInterrupt), so
+    the tests that press Ctrl-C on `tune` and `serve` would wait for an interruption that never comes."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
