@@ -5,7 +5,7 @@
 `llvm -mcpu=znver4 -mattr=+avx2,+avx512f,+fma -threads=2`, `cuda -device=NVIDIA_A100 -arch=sm_80`.
 `cuda` alone is the host's GPU (read through CuPy; a TargetError says why when there is none);
 `cuda -arch=sm_90` names an architecture with no device, enough to lower and compile. A CPU or feature name
-that LLVM does not know is refused (UnknownName), with the names it knows close to it.
+that LLVM does not know is refused (UnknownName), with the names it knows close to it, where the text is a user's.
 """
 from __future__ import annotations
 
@@ -44,8 +44,10 @@ class Target:
     arch: str = ""  # cuda: sm_XY
 
     @classmethod
-    def parse(cls, text: str | Target) -> Target:
-        """`llvm` alone is the host CPU with all its cores; options override what was detected."""
+    def parse(cls, text: str | Target, check_names: bool = False) -> Target:
+        """`llvm` alone is the host CPU with all its cores; options override what was detected. `check_names` refuses
+        a CPU or feature this host's LLVM does not know (UnknownName): for what a user types, not for stored or
+        imported targets, which may name another architecture's CPU."""
         if isinstance(text, Target):
             return text
         words = str(text).split()
@@ -61,11 +63,12 @@ class Target:
             return _cuda(options, text)
         target = host_target()
         if "mcpu" in options:
-            require_known("CPU", options["mcpu"], (target.model,))
+            if check_names:
+                require_known("CPU", options["mcpu"], (target.model,))
             target = replace(target, model=options["mcpu"])
         if "mattr" in options:
             entries = [entry for entry in options["mattr"].split(",") if entry]
-            for entry in entries:
+            for entry in entries if check_names else ():
                 require_known("feature", entry[1:] if entry[0] in "+-" else entry, target.features)
             target = replace(target, features=tuple(sorted(f[1:] for f in entries if f.startswith("+"))))
         if "threads" in options:

@@ -62,7 +62,7 @@ class JobIn(BaseModel):
 
 def parse_target(text: str) -> Target:
     try:
-        return Target.parse(text)
+        return Target.parse(text, check_names=True)
     except TargetError as error:
         raise ValueError(str(error)) from None
 

@@ -100,7 +100,7 @@ def parse_target(text: str) -> Target:
     """A target; one that names this host's GPU where there is none, or a CPU or feature LLVM does not know, ends the
     command with one line."""
     try:
-        return Target.parse(text)
+        return Target.parse(text, check_names=True)
     except (NoDevice, UnknownName) as error:
         fail(str(error))
     except TargetError as error:

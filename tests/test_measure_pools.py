@@ -188,7 +188,7 @@ def test_the_run_timeout_starts_once_the_host_lock_is_held(pool, host_lock, faul
 
 def test_a_fresh_workers_set_up_is_not_run_time(tmp_path):
     """A worker's first flushed run first writes its cache-flush buffer, twice the last-level cache, faulting
-    in every page: 0.2 to 2.5 s for this host's 960 MiB, a flush after that 0.06 s. That is set-up the worker
+    in every page, many times as long as a later flush. That is set-up the worker
     pays once, so it is done before the run's timeout starts (fresh workers' first runs overran this module's
     3 s run timeouts so on a loaded host) and recorded as its own phase, in that run's record alone."""
     one_flushed_call = MeasureOptions(repeat=1, min_repeat_ms=2)

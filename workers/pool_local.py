@@ -29,7 +29,7 @@ from .host_lock import HostLock, default_path
 from .pool import NoWorkerHost, PoolOptions
 from .result import MeasureResult, Outcome
 from .task import Built, MeasureOptions, Task, build_step, failed, run_step
-from .timing import cache_flusher, last_level_cache_bytes
+from .timing import host_flusher
 
 FAULT_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 STARTED = "started"
@@ -81,12 +81,12 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
 
 def fault_in_flush_buffer() -> dict:
     """{"setup": seconds} to make the process's cache-flush buffer (HostTimedCall) and write it once, which faults
-    in its pages, before the first flushed run's timeout starts: writing twice this host's 480 MiB last-level
-    cache took 0.2 to 2.5 s the first time, 0.06 s after, and fresh workers' first runs overran 3 s run timeouts
-    on a loaded host. A MemoryError here is met again, and recorded, in run_step."""
+    in its pages, before the first flushed run's timeout starts: that first write takes many times a later one,
+    seconds where the last-level cache is hundreds of MiB, and fresh workers' first runs overran 3 s run
+    timeouts so on a loaded host. A MemoryError here is met again, and recorded, in run_step."""
     start = time.perf_counter()
     with suppress(MemoryError):
-        cache_flusher(2 * last_level_cache_bytes())()
+        host_flusher()()
     return {"setup": time.perf_counter() - start}
 
 

@@ -26,7 +26,7 @@ from .llvm_codegen import CodegenError
 from .llvm_jit import CompileError
 from .reference import inference_call
 from .result import MeasureInput, MeasureResult, Outcome
-from .timing import cache_flusher, last_level_cache_bytes, time_samples
+from .timing import host_flusher, time_samples
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class HostTimedCall:
         return self.out
 
     def samples(self, options: MeasureOptions) -> list[float]:
-        flush = cache_flusher(2 * last_level_cache_bytes()) if options.flush_cache else None
+        flush = host_flusher() if options.flush_cache else None
         return time_samples(self.call, options.repeat, options.min_repeat_ms, flush, options.cooldown_ms)
 
 

@@ -53,6 +53,11 @@ def cache_flusher(nbytes: int) -> Callable[[], None]:
     return flush
 
 
+def host_flusher() -> Callable[[], None]:
+    """This process's flush before a timed CPU call: twice the host's last-level cache written."""
+    return cache_flusher(2 * last_level_cache_bytes())
+
+
 def time_samples(fn: Callable[[], object], repeat: int = 5, min_repeat_ms: float = 20.0,
                  flush: Callable[[], None] | None = None, cooldown_ms: float = 0.0) -> list[float]:
     """Seconds per call, one value per sample; every sample is kept (take the median, not the mean)."""
