@@ -70,10 +70,13 @@ def open_error(url: str, error: BaseException) -> DatabaseOpenError:
     return _opening(url, f"{type(error).__name__}: {error}")
 
 
+READ_ONLY = "attempt to write a readonly database"  # SQLite's words for a write it may not make
+
+
 def write_refusal(url: str, error: BaseException) -> str | None:
     """One line for a write that the database refused because we may only read it (SQLite: the file's or its
     directory's permissions, a read-only file system, `mode=ro`); None for any other error."""
-    if isinstance(error, DBAPIError) and "attempt to write a readonly database" in str(error.orig):
+    if isinstance(error, DBAPIError) and READ_ONLY in str(error.orig):
         return f"cannot write {_shown(url)}: {_read_only(url)}"
     return None
 
@@ -86,7 +89,7 @@ def _read_only(url: str) -> str:
 
 def _driver_reason(url: str, error: BaseException) -> str:
     text = " ".join(str(error).split())
-    if "attempt to write a readonly database" in text:
+    if READ_ONLY in text:
         return _read_only(url)
     if "file is not a database" in text:
         return f"{sqlite_file(url)} is not a SQLite database"

@@ -83,13 +83,14 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
     kernels with none stored are named in one summary, not in apply_history_best's warning for each."""
     captured = Captured(graph, list(example_inputs))
     matches = find_matches(captured)
-    differentiated = [match for match in matches if needs_grad(match)]
+    grads = [needs_grad(match) for match in matches]
+    differentiated = [match for match, grad in zip(matches, grads) if grad]
+    matches = [match for match, grad in zip(matches, grads) if not grad]
     if differentiated:
-        log.warning(f"tensortune: {len(differentiated)} of {len(matches)} ops run in PyTorch, as grad mode is on and "
+        log.warning(f"tensortune: {len(differentiated)} of {len(grads)} ops run in PyTorch, as grad mode is on and "
                     f"their inputs require grad (tensortune kernels are inference-only: call the model under "
                     f"torch.inference_mode() or torch.no_grad()): "
                     f"{'; '.join(dict.fromkeys(match.workload.label for match in differentiated))}")
-        matches = [match for match in matches if not needs_grad(match)]
     target = Target.parse(target)
     with Database(db) as database, apply_history_best(database) as history:
         stored = {workload: history.query(workload, target) for workload in dict.fromkeys(m.workload for m in matches)}
