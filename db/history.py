@@ -6,12 +6,17 @@ The context answers `query(workload, target)` for search_space's dispatch stack:
 with the warning docs/architecture.md quotes, once per workload (this context carries the `warned` set). A record
 whose config does not fit the space being built (another template version, another vector
 width) is skipped for the next best. Each (workload, target) is looked up once per context.
+
+`query_nearest` answers for a shape nothing was tuned at (a sequence length the model meets at run time): the
+best config of the nearest stored shape of the same op and options, fitted into this shape's space (for GEMMs
+the tiles of another M usually fit as they are), and which shape that was, so the caller can say so.
 """
 from __future__ import annotations
 
 import threading
 import warnings
 from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager, Iterable, Iterator, Union
 
@@ -22,8 +27,8 @@ from search_space import dispatch_context, get_space
 
 from .autotvm_log import import_log
 from .engine import is_url
-from .matching import most_similar
-from .queries import best_records, stored_targets
+from .matching import fit_config, most_similar, nearest_shapes
+from .queries import best_records, stored_targets, stored_workloads
 from .records import Record, config_to_dict
 from .store import Database
 
@@ -47,6 +52,15 @@ def _first_fitting(space: ConfigSpace, records: list[Record]) -> Config | None:
     return None
 
 
+@dataclass(frozen=True)
+class StoredConfig:
+    """A config to build with, and the stored workload it was measured on: the one asked about, or its nearest
+    stored shape."""
+
+    config: Config
+    workload: Workload
+
+
 class HistoryBest(FallbackWarned):
     """A dispatch context that answers from stored records; safe to query from several threads."""
 
@@ -54,14 +68,19 @@ class HistoryBest(FallbackWarned):
         super().__init__()
         self._sessions = sessions
         self._answers: dict[tuple[str, str], Config | None] = {}
+        self._nearest: dict[tuple[str, str], StoredConfig | None] = {}
         self._lock = threading.Lock()
 
-    def query(self, workload: Workload, target: Target) -> Config | None:
+    def _once(self, answers: dict, lookup: Callable, workload: Workload, target: Target):
+        """`lookup(workload, target)`, asked once per context."""
         key = (workload.key, str(target))
         with self._lock:
-            if key not in self._answers:
-                self._answers[key] = self._lookup(workload, target)
-            return self._answers[key]
+            if key not in answers:
+                answers[key] = lookup(workload, target)
+            return answers[key]
+
+    def query(self, workload: Workload, target: Target) -> Config | None:
+        return self._once(self._answers, self._lookup, workload, target)
 
     def _lookup(self, workload: Workload, target: Target) -> Config | None:
         try:
@@ -75,8 +94,29 @@ class HistoryBest(FallbackWarned):
             for other in most_similar(target, stored_targets(session, target.kind)):
                 found = _first_fitting(space, best_records(session, workload, other, CANDIDATES))
                 if found is not None:
-                    warnings.warn(similar_target_message(workload, target, other), stacklevel=4)
+                    warnings.warn(similar_target_message(workload, target, other), stacklevel=5)
                     return found
+        return None
+
+    def query_nearest(self, workload: Workload, target: Target) -> StoredConfig | None:
+        """`query`'s answer; else the best config of the nearest other shape of the op stored on exactly this
+        target (same dtype and options, nearest by `matching.size_distance`), fitted into this workload's space."""
+        config = self.query(workload, target)
+        if config is not None:
+            return StoredConfig(config, workload)
+        return self._once(self._nearest, self._borrow, workload, target)
+
+    def _borrow(self, workload: Workload, target: Target) -> StoredConfig | None:
+        try:
+            space = get_space(workload, target)
+        except NoTemplate:
+            return None
+        with self._sessions() as session:
+            for other in nearest_shapes(workload, stored_workloads(session, workload.op, target)):
+                for record in best_records(session, other, target, CANDIDATES):
+                    config = fit_config(space, record.input.config)
+                    if config is not None:
+                        return StoredConfig(config, other)
         return None
 
 

@@ -1,13 +1,16 @@
-"""Which stored target is most like the one being built for, when nothing was measured on it exactly.
+"""Which stored target, or stored shape, is most like the one being built for, when nothing was measured on
+it exactly.
 
 A config measured on a CPU of the same model (another thread count) or with the same vector
-features, or on a GPU of the same compute capability, is the next best thing to one measured here.
+features, or on a GPU of the same compute capability, is the next best thing to one measured here. A config
+of another shape of the same op and options (another sequence length) is the next best thing to one tuned
+for this shape: its tiles still fit, or the nearest ones that do.
 """
 from __future__ import annotations
 
 import math
 
-from search_space import Target
+from search_space import Config, ConfigSpace, InvalidConfig, Target, Workload
 
 
 def similarity(wanted: Target, stored: Target) -> tuple:
@@ -28,3 +31,32 @@ def most_similar(wanted: Target, stored: list[Target]) -> list[Target]:
     """The stored targets of the same kind, other than `wanted` itself, most similar first."""
     others = [t for t in stored if t.kind == wanted.kind and str(t) != str(wanted)]
     return sorted(others, key=lambda t: similarity(wanted, t), reverse=True)
+
+
+def same_options(wanted: Workload, stored: Workload) -> bool:
+    """Whether two workloads are shapes of one operator: same op, dtype and non-size options (bias, epilogue...)."""
+    options = wanted.spec.options
+    return (stored.op, stored.dtype) == (wanted.op, wanted.dtype) and all(stored.p[o] == wanted.p[o] for o in options)
+
+
+def size_distance(wanted: Workload, stored: Workload) -> float:
+    """How far apart two shapes of one op are: the sum of their sizes' log ratios (sizes + 1, as a pad may be 0)."""
+    return sum(abs(math.log((wanted.p[d] + 1) / (stored.p[d] + 1))) for d in wanted.spec.dims)
+
+
+def nearest_shapes(wanted: Workload, stored: list[Workload]) -> list[Workload]:
+    """The other shapes of `wanted`'s op and options among `stored`, nearest first."""
+    shapes = [other for other in stored if other != wanted and same_options(wanted, other)]
+    return sorted(shapes, key=lambda other: size_distance(wanted, other))
+
+
+def fit_config(space: ConfigSpace, config: Config) -> Config | None:
+    """Another shape's config in `space`: the config with the same knob values where they are valid here, else
+    the nearest valid one; None when its knobs are another template's."""
+    knobs = dict(config.values)
+    if set(knobs) != set(space.knobs):
+        return None
+    try:
+        return space.config(knobs)  # by values: an index is its own space's
+    except InvalidConfig:
+        return space.nearest(knobs)

@@ -1,5 +1,5 @@
-"""Read queries over one session: the best records of a workload on a target, counts, stored targets;
-which jobs are single jobs.
+"""Read queries over one session: the best records of a workload on a target, counts, stored targets and
+workloads; which jobs are single jobs.
 
 They take a plain `Session` so that `Database` and `apply_history_best(session)` share them.
 The best-record query is two unique-key lookups and one seek on `ix_measurements_best`.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from sqlalchemy import Integer, and_, bindparam, func, select
 from sqlalchemy.orm import Session, aliased
 
-from search_space import Target, Workload
+from search_space import Target, Workload, WorkloadError
 from workers import Outcome
 
 from .models import JobRow, MeasurementRow, TargetRow, WorkloadRow
@@ -29,6 +29,11 @@ _IDENTITIES = _OF_PAIR.with_only_columns(MeasurementRow.config_index, Measuremen
                                           MeasurementRow.samples)
 # what a new job of the pair starts from: every measurement outside the job (bindparam "job"; None: none)
 KNOWN = _OF_PAIR.where(MeasurementRow.job_id.is_distinct_from(bindparam("job", type_=Integer)))
+# The workloads of an op with an `ok` measurement on one target: a seek on ix_measurements_best per workload.
+_OF_OP = select(WorkloadRow.key).where(WorkloadRow.op == bindparam("op"), select(MeasurementRow.id).where(
+    MeasurementRow.workload_id == WorkloadRow.id,
+    MeasurementRow.target_id == select(TargetRow.id).where(TargetRow.key == bindparam("target")).scalar_subquery(),
+    MeasurementRow.outcome == Outcome.OK.value).exists()).order_by(WorkloadRow.id)
 _COUNT = select(func.count()).select_from(_OF_PAIR.subquery())
 _COUNT_CONFIG = select(func.count()).select_from(
     _OF_PAIR.where(MeasurementRow.config_index == bindparam("index")).subquery())
@@ -72,3 +77,15 @@ def measurement_identities(session: Session, workload: Workload, target: Target)
 
 def stored_targets(session: Session, kind: str) -> list[Target]:
     return [target_from_row(row) for row in session.scalars(select(TargetRow).where(TargetRow.kind == kind))]
+
+
+def stored_workloads(session: Session, op: str, target: Target) -> list[Workload]:
+    """The workloads of `op` measured `ok` on exactly this target, in the order they were first stored (keys
+    this version cannot parse are left out)."""
+    workloads = []
+    for key in session.scalars(_OF_OP, {"op": op, "target": str(target)}):
+        try:
+            workloads.append(Workload.from_key(key))
+        except WorkloadError:
+            continue
+    return workloads

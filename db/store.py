@@ -26,7 +26,9 @@ from .migrate import upgrade
 from .models import JOB_STATUSES, JobRow, MeasurementRow, TargetRow, WorkloadRow, utcnow
 from .opening import check_file, open_error
 from .outage import LockLost
-from .queries import KNOWN, MODEL_JOB, SINGLE_JOB, best_records, count_records, measurement_identities, pair
+from .matching import nearest_shapes
+from .queries import (KNOWN, MODEL_JOB, SINGLE_JOB, best_records, count_records, measurement_identities, pair,
+                      stored_workloads)
 from .records import Record, measurement_values, record_from_row, target_from_row, target_values, workload_values
 
 FINISHED = ("done", "failed", "cancelled")
@@ -160,6 +162,11 @@ class Database:
         """The fastest ok measurements of the workload on exactly this target, best first."""
         with self.read_sessions() as session:
             return best_records(session, workload, Target.parse(target), limit)
+
+    def nearest_shapes(self, workload: Workload, target: Target | str) -> list[Workload]:
+        """The other shapes of the workload's op and options measured ok on exactly this target, nearest first."""
+        with self.read_sessions() as session:
+            return nearest_shapes(workload, stored_workloads(session, workload.op, Target.parse(target)))
 
     def identities(self, workload: Workload, target: Target | str) -> set[tuple]:
         """`queries.identity` of every stored measurement of the workload on the target."""

@@ -5,15 +5,19 @@ Conv1D), its weight bound transposed; matmul / mm by a model-owned 2-D [K, N] we
 relu or gelu (F.gelu, or GPT-2's tanh form written out) that nothing else reads, seen through one view. A
 2-D matmul of two activations → matmul; 3-D and 4-D matmul / bmm with equal batch dimensions →
 batch_matmul (batch × heads flattened); conv2d with an eval-mode BatchNorm folded in, then a residual add
-and a relu → conv2d. Everything else stays in PyTorch. A match names the graph nodes it replaces, the
-activations its kernel takes at run time, and the weights it binds once (BatchNorm already folded into them).
+and a relu → conv2d. Everything else stays in PyTorch, said in one line per reason. A match names the graph
+nodes it replaces, the activations its kernel takes at run time, the weights it binds once (BatchNorm already
+folded into them), and its form: the op's static parameters, and how the activations' shapes give the workload
+and the result's shape (frontend/shapes.py). Sizes may be symbolic (Dynamo traces them so once it has seen them
+change): then the workload is known only at run time, and only a size the weights fix (a linear's K, a
+convolution's C) must not vary.
 """
 from __future__ import annotations
 
+import logging
 import math
 import operator
 import re
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,10 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 from torch._dynamo.utils import get_static_address_type
+from torch.fx.experimental.symbolic_shapes import is_concrete_int, statically_known_true
 
 from search_space import Workload, WorkloadError
 
 from .capture import Captured, example_value
+from .shapes import Conv2d, Dense, Form, Product, Shape, Size
 
 
 LINEAR = {F.linear, torch._C._nn.linear}
@@ -41,8 +47,11 @@ TANH = {torch.tanh}
 VIEW = {torch.reshape}
 
 
+log = logging.getLogger("tensortune.frontend")
+
+
 class VaryingShape(ValueError):
-    """An operand whose size changes between calls (Dynamo traced it with symbolic sizes)."""
+    """A size the kernel needs fixed (one the weights fix) changes between calls: Dynamo traced it symbolic."""
 
 
 def module_path(node: fx.Node) -> str:
@@ -66,17 +75,34 @@ class Scan:
 
 @dataclass
 class Match:
-    """A chain of graph nodes one kernel computes: `nodes[-1]` is its result."""
+    """A chain of graph nodes one kernel computes: `nodes[-1]` is its result (after `view`, when there is one).
+    Its workload is known when the graph's sizes are static, as they always are where extract_tasks captures;
+    building it raises WorkloadError for a workload that cannot be."""
 
-    workload: Workload
+    form: Form
     nodes: list[fx.Node]
     activations: list[fx.Node]  # the kernel's non-weight inputs, in its order
+    shapes: tuple[Shape, ...]  # theirs, as traced
     weights: dict[str, np.ndarray] = field(default_factory=dict)
-    shape: tuple[int, ...] = ()  # the result's shape in the model (dense and batch_matmul flatten leading dims)
+    view: fx.Node | None = None  # one of `nodes`, a reshape between the kernel and its fused epilogue
+    workload: Workload | None = field(init=False)
+
+    def __post_init__(self):
+        static = all(isinstance(size, int) for shape in self.shapes for size in shape)
+        self.workload = self.form.workload(*self.shapes) if static else None
 
     @property
     def path(self) -> str:
         return module_path(self.nodes[0])
+
+    @property
+    def label(self) -> str:
+        """The workload's label, or the op's name where its sizes vary."""
+        return self.workload.label if self.workload is not None else op_label(self.nodes[0])
+
+
+def op_label(node: fx.Node) -> str:
+    return f"{module_path(node) or node.name} ({op_name(node)})"
 
 
 def calls(node: fx.Node, targets: set, methods: tuple[str, ...] = ()) -> bool:
@@ -90,17 +116,30 @@ def argument(node: fx.Node, position: int, *names: str, default=None):
     return next((node.kwargs[name] for name in names if name in node.kwargs), default)
 
 
-def shape_of(node: fx.Node, captured: Captured) -> tuple[int, ...] | None:
-    """The static float32 shape of a node's value, or None (another dtype, or a shape that varies: Dynamo
-    traced it with symbolic sizes, after seeing it change)."""
+def shape_of(node: fx.Node, captured: Captured) -> Shape | None:
+    """The float32 shape of a node's value as traced (an int for each static size, a SymInt for each that
+    varies), or None for anything else."""
     if not isinstance(node, fx.Node):
         return None
     value = node.meta.get("example_value", example_value(node, captured))
     if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
         return None
-    if not all(isinstance(d, int) for d in value.shape):
-        raise VaryingShape(f"its operand {node.name} changes size between calls ({tuple(value.shape)})")
-    return tuple(value.shape)
+    return tuple(int(size) if is_concrete_int(size) else size for size in value.shape)
+
+
+def same_size(first: Size, second: Size) -> bool:
+    """Whether two traced sizes are equal at every call. Asks nothing of Dynamo's shape environment that would
+    add a guard, which it no longer checks once the graph is handed over."""
+    return statically_known_true(first == second)
+
+
+def weight_fixed(size: Size, value: int, name: str) -> bool:
+    """Whether an activation's size is the one its weight fixes; VaryingShape where it varies between calls."""
+    if isinstance(size, int):
+        return size == value
+    if same_size(size, value):
+        return True
+    raise VaryingShape(f"the size its weight fixes ({name}) changes between calls")
 
 
 def constant(node, captured: Captured) -> np.ndarray | None:
@@ -178,29 +217,28 @@ def activation_epilogue(node: fx.Node, scan: Scan) -> tuple[str, list[fx.Node]]:
     return ("gelu", written) if written else ("none", [])
 
 
-def fused_activation(node: fx.Node, scan: Scan) -> tuple[str, list[fx.Node]]:
-    """activation_epilogue of `node`, or of a view that alone reads it: Conv1D's addmm is 2-D, and its result
-    is viewed back to [batch, sequence, N] before the activation."""
+def fused_activation(node: fx.Node, scan: Scan) -> tuple[str, list[fx.Node], fx.Node | None]:
+    """activation_epilogue of `node`, or of a view that alone reads it (Conv1D's addmm is 2-D, and its result
+    is viewed back to [batch, sequence, N] before the activation): the epilogue, its nodes (the view first,
+    when there is one) and the view."""
     epilogue, nodes = activation_epilogue(node, scan)
     view = sole_user(node, scan, VIEW, ("view", "reshape"))
     if nodes or view is None:
-        return epilogue, nodes
+        return epilogue, nodes, None
     epilogue, nodes = activation_epilogue(view, scan)
-    return (epilogue, [view] + nodes) if nodes else ("none", [])
+    return (epilogue, [view] + nodes, view) if nodes else ("none", [], None)
 
 
 def dense_match(node: fx.Node, scan: Scan, x, weight: np.ndarray, bias: np.ndarray | None) -> Match | None:
-    """Y = epilogue(x · weightᵀ + bias) for `node`, weight [N, K] and x of rank 2 or more (leading dimensions
-    flattened into M); None when x is not a static float32 operand of K columns."""
+    """Y = epilogue(x · weightᵀ + bias) for `node`, weight [N, K] and x of rank 2 or more (leading sizes
+    flattened into M); None when x is not a float32 operand of K columns."""
     shape = shape_of(x, scan.captured)
-    if shape is None or len(shape) < 2 or shape[-1] != weight.shape[1]:
+    if shape is None or len(shape) < 2 or not weight_fixed(shape[-1], weight.shape[1], "K"):
         return None
-    epilogue, activation = fused_activation(node, scan)
-    nodes = [node] + activation
-    workload = Workload.make("dense", M=int(np.prod(shape[:-1])), N=weight.shape[0], K=shape[-1],
-                             bias=bias is not None, epilogue=epilogue)
+    epilogue, activation, view = fused_activation(node, scan)
     weights = {"W": weight} | ({"bias": bias} if bias is not None else {})
-    return Match(workload, nodes, [x], weights, shape_of(nodes[-1], scan.captured))
+    form = Dense(weight.shape[0], weight.shape[1], bias is not None, epilogue)
+    return Match(form, [node] + activation, [x], (shape,), weights, view)
 
 
 def match_linear(node: fx.Node, scan: Scan) -> Match | None:
@@ -234,15 +272,11 @@ def match_matmul(node: fx.Node, scan: Scan) -> Match | None:
     if weight is not None and weight.ndim == 2:  # x · W by a model-owned [K, N] weight: a linear layer
         return dense_match(node, scan, a, np.ascontiguousarray(weight.T), None)
     left, right = shape_of(a, captured), shape_of(b, captured)
-    if left is None or right is None or len(left) != len(right) or len(left) not in (2, 3, 4) or left[-1] != right[-2]:
+    if left is None or right is None or len(left) != len(right) or len(left) not in (2, 3, 4):
         return None
-    if left[:-2] != right[:-2]:
-        return None  # broadcast batch dimensions stay in PyTorch
-    (m, k), n = left[-2:], right[-1]
-    if len(left) == 2:
-        return Match(Workload.make("matmul", M=m, N=n, K=k), [node], [a, b], shape=(m, n))
-    batch = int(np.prod(left[:-2]))
-    return Match(Workload.make("batch_matmul", B=batch, M=m, N=n, K=k), [node], [a, b], shape=left[:-2] + (m, n))
+    if not all(same_size(first, second) for first, second in zip((*left[:-2], left[-1]), (*right[:-2], right[-2]))):
+        return None  # batch sizes (and K) that are not equal at every call: broadcast batches stay in PyTorch
+    return Match(Product(), [node], [a, b], (left, right))
 
 
 def match_conv2d(node: fx.Node, scan: Scan) -> Match | None:
@@ -256,6 +290,9 @@ def match_conv2d(node: fx.Node, scan: Scan) -> Match | None:
     stride, padding, dilation = square(stride), square(padding), square(dilation)
     if weight is None or shape is None or len(shape) != 4 or None in (stride, padding) or dilation != 1 or groups != 1:
         return None
+    k, c, r, s = weight.shape
+    if not weight_fixed(shape[1], c, "C"):
+        return None
     nodes = [node]
     norm = sole_user(node, scan, BATCH_NORM)
     folded = fold_batch_norm(norm, weight, bias, captured) if norm is not None else None
@@ -265,17 +302,21 @@ def match_conv2d(node: fx.Node, scan: Scan) -> Match | None:
     add = sole_user(nodes[-1], scan, ADD, ("add", "__add__"))
     if add is not None:
         other = add.args[1] if add.args[0] is nodes[-1] else add.args[0]
-        if isinstance(other, fx.Node) and shape_of(other, captured) == shape_of(nodes[-1], captured):
+        if same_shape(shape_of(other, captured), shape_of(nodes[-1], captured)):
             nodes.append(add)
             residual = other
     relu = sole_user(nodes[-1], scan, RELU, ("relu",))
     nodes += [relu] if relu is not None else []
-    k, c, r, s = weight.shape
-    workload = Workload.make("conv2d", N=shape[0], C=c, H=shape[2], W=shape[3], K=k, R=r, S=s, stride=stride,
-                             pad=padding, bias=bias is not None, residual=residual is not None,
-                             epilogue="relu" if relu is not None else "none")
+    form = Conv2d(c, k, r, s, stride, padding, bias is not None, residual is not None,
+                  "relu" if relu is not None else "none")
     weights = {"weight": np.ascontiguousarray(weight)} | ({"bias": bias} if bias is not None else {})
-    return Match(workload, nodes, [x] + ([residual] if residual is not None else []), weights, workload.output_shape)
+    activations = [x] + ([residual] if residual is not None else [])
+    return Match(form, nodes, activations, tuple(shape_of(node, captured) for node in activations), weights)
+
+
+def same_shape(first: Shape | None, second: Shape | None) -> bool:
+    return (first is not None and second is not None and len(first) == len(second)
+            and all(same_size(a, b) for a, b in zip(first, second)))
 
 
 def fold_batch_norm(node: fx.Node, weight: np.ndarray, bias: np.ndarray | None, captured: Captured):
@@ -297,8 +338,10 @@ MATCHERS = ((LINEAR, (), match_linear), (ADDMM, ("addmm",), match_addmm),
 
 
 def find_matches(captured: Captured) -> list[Match]:
-    """Every node chain of the graph a tensortune kernel computes, in graph order."""
-    found, scan = [], Scan(captured)
+    """Every node chain of the graph a tensortune kernel computes, in graph order. The ops PyTorch runs instead
+    (a size that must be fixed varies, or no workload can have these sizes) are named in one line per reason."""
+    from .rewrites import rewrite; rewrite(captured)  # imported here: rewrites builds on this module
+    found, scan, refused = [], Scan(captured), {}
     for node in captured.graph.graph.nodes:
         if node in scan.taken:
             continue
@@ -306,11 +349,13 @@ def find_matches(captured: Captured) -> list[Match]:
             if calls(node, targets, methods):
                 try:
                     match = matcher(node, scan)
-                except (WorkloadError, VaryingShape) as error:  # PyTorch runs it; said once per op and reason
-                    warnings.warn(f"{module_path(node) or node.name} ({op_name(node)}) runs in PyTorch: {error}")
+                except (WorkloadError, VaryingShape) as error:
+                    refused.setdefault(str(error), []).append(op_label(node))
                     match = None
                 if match is not None:
                     found.append(match)
                     scan.taken.update(match.nodes)
                 break
+    for reason, ops in refused.items():
+        log.warning(f"tensortune: {len(ops)} op(s) run in PyTorch ({reason}): {'; '.join(ops)}")
     return found

@@ -1,4 +1,5 @@
-"""apply_history_best with real kernels: the best stored config is built and computes the right answer."""
+"""apply_history_best with real kernels: the best stored config is built and computes the right answer; a shape
+nothing was tuned at borrows the config of its nearest stored shape."""
 from __future__ import annotations
 
 import contextvars
@@ -11,7 +12,7 @@ import pytest
 from db_helpers import database, db_url, measurement, other_threads  # noqa: F401 (fixtures)
 
 from db import Database, apply_history_best, export_log, similar_target_message
-from search_space import Target, fallback_config, get_space, host_target, matmul
+from search_space import Target, dense, fallback_config, get_space, host_target, matmul
 from workers import Outcome, build
 
 WORKLOAD = matmul(24, 24, 24)
@@ -125,3 +126,48 @@ def test_threads_share_one_context_and_keep_their_own(database, db_url, tmp_path
         with ThreadPoolExecutor(4) as pool:
             shared = list(pool.map(lambda _: context.copy().run(lambda: build(WORKLOAD).config.index), range(4)))
     assert shared == [555] * 4
+
+
+def test_a_shape_never_tuned_borrows_from_the_nearest_stored_shape_of_its_op(database, caught):
+    """Dense M=100 is nearest to M=64 (log ratio 0.44, against 0.94 for M=256). The stored M=100 with a relu
+    (another option), a matmul of M=100 (another op) and the M=96 of another target are no candidates."""
+    target, wanted = host_target(), dense(100, 48, 32, bias=True)
+    near, far = dense(64, 48, 32, bias=True), dense(256, 48, 32, bias=True)
+    index = {near: index_with(near, target, 40, tile_m=(-1, 4, 8)), far: 70}
+    database.record(*measurement(near, target, index[near], 2e-5))
+    database.record(*measurement(far, target, index[far], 1e-5))
+    database.record(*measurement(dense(100, 48, 32, bias=True, epilogue="relu"), target, 5, 1e-6))
+    database.record(*measurement(matmul(100, 48, 32), target, 6, 1e-6))
+    database.record(*measurement(dense(96, 48, 32, bias=True), other_threads(target.threads + 1), 7, 1e-6))
+    with apply_history_best(database) as history:
+        found = history.query_nearest(wanted, target)
+        assert history.query(wanted, target) is None  # borrowing answers query_nearest only
+    assert found.workload == near
+    assert found.config == get_space(wanted, target).config(get_space(near, target).get(index[near]).to_dict())
+    check_output(build(wanted, target, found.config))
+    assert messages(caught) == []
+
+
+def test_a_borrowed_config_whose_tiles_do_not_fit_takes_the_nearest_that_does(database):
+    """M=512's 64 × 8 row tile is too tall for M=16 (blocks stay under twice the rows): the nearest tile of M=16's
+    space is taken, the other knobs as stored."""
+    target, wanted, stored = host_target(), dense(16, 48, 32), dense(512, 48, 32)
+    index = index_with(stored, target, 0, tile_m=(-1, 64, 8), order=("mo", "ko", "no"), unroll_k=2)
+    database.record(*measurement(stored, target, index, 1e-5))
+    with apply_history_best(database) as history:
+        found = history.query_nearest(wanted, target)
+    knobs, borrowed = get_space(stored, target).get(index).to_dict(), found.config.to_dict()
+    assert found.workload == stored and borrowed["tile_m"] != knobs["tile_m"]
+    assert {name: value for name, value in borrowed.items() if name != "tile_m"} == \
+           {name: value for name, value in knobs.items() if name != "tile_m"}
+    check_output(build(wanted, target, found.config))
+
+
+def test_the_shape_itself_when_stored_and_none_when_its_op_never_was(database):
+    target, wanted = host_target(), dense(100, 48, 32, bias=True)
+    database.record(*measurement(wanted, target, 123, 1e-5))
+    database.record(*measurement(dense(64, 48, 32, bias=True), target, 456, 1e-6))
+    with apply_history_best(database) as history:
+        found = history.query_nearest(wanted, target)
+        assert found.workload == wanted and found.config.index == 123
+        assert history.query_nearest(matmul(100, 48, 32), target) is None

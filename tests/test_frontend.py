@@ -1,5 +1,6 @@
 """PyTorch models through tensortune: the tasks found in their graphs, and torch.compile(backend="tensortune")
 computing what eager PyTorch computes, on the presets and on models written here."""
+import logging
 import re
 import subprocess
 import sys
@@ -8,15 +9,17 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from db import Database
 from frontend import NothingToTune, extract_tasks
 from frontend.backend import TunedOp, compile_graph
 from frontend.capture import capture
 from frontend.presets import PRESETS, ModelError, load_model
-from search_space import (Target, Workload, batch_matmul, conv2d, dense, fallback_config, get_space, host_target,
-                          matmul)
+from search_space import (InvalidConfig, Target, Workload, batch_matmul, conv2d, dense, fallback_config, get_space,
+                          host_target, matmul)
 from tests.db_helpers import measurement
 
 
@@ -102,11 +105,13 @@ def test_functional_calls_bind_the_model_tensors_only():
 def test_bert_layer_tasks():
     tasks = extract_tasks(*load_model("bert-layer"))
     weights = {t.workload.key: t.weight for t in tasks}
-    assert weights == {dense(128, 768, 768, bias=True).key: 4, dense(128, 3072, 768, bias=True, epilogue="gelu_erf").key: 1,
+    assert weights == {dense(128, 2304, 768, bias=True).key: 1, dense(128, 768, 768, bias=True).key: 1,  # Q, K, V fused
+                       dense(128, 3072, 768, bias=True, epilogue="gelu_erf").key: 1,
                        dense(128, 768, 3072, bias=True).key: 1, batch_matmul(12, 128, 128, 64).key: 1,
                        batch_matmul(12, 128, 64, 128).key: 1}
-    assert tasks[0].workload == dense(128, 768, 768, bias=True)  # the most weighted work first
-    assert set(tasks[0].paths) == {"query", "key", "value", "output"}
+    assert [t.paths for t in tasks[:2]] == [("up",), ("down",)]  # the most weighted work first
+    fused = next(t for t in tasks if t.workload == dense(128, 2304, 768, bias=True))
+    assert fused.paths == ("EncoderLayer",)  # the parent of query, key and value: the model's own module
     assert [t.paths for t in tasks if t.workload.op == "batch_matmul"] == [("EncoderLayer",)] * 2  # the model's code
 
 
@@ -117,7 +122,10 @@ def test_resnet18_tasks_fold_batch_norm_and_fuse_the_shortcut():
     assert conv2d(1, 64, 56, 56, 128, 1, 1, 2, 0, bias=True).key in tasks  # a shortcut: its add went to the block
 
 
-@pytest.mark.parametrize("make", [mixed, *PRESETS.values()], ids=["mixed", *PRESETS])
+PLAIN_PRESETS = [name for name in PRESETS if not name.startswith("hf-")]  # small Hugging Face models: test_hf_models.py
+
+
+@pytest.mark.parametrize("make", [mixed, *(PRESETS[name] for name in PLAIN_PRESETS)], ids=["mixed", *PLAIN_PRESETS])
 def test_the_compiled_model_computes_what_eager_does(make, tmp_path, caplog):
     model, inputs = make()
     expected, got, warned = compiled_output(model, inputs, f"sqlite:///{tmp_path}/empty.db")
@@ -148,21 +156,146 @@ def test_each_shape_runs_the_config_stored_for_it(tmp_path):
     with torch.inference_mode():
         forward = compile_graph(captured.graph, captured.inputs, database.url, str(target))
         assert torch.allclose(forward(*captured.inputs)[0], model(x), atol=1e-5)
-    built = {op.workload: op.kernel.kernel.config.index for op in forward.__self__.modules() if isinstance(op, TunedOp)}
-    assert built == best
+    assert built_configs(forward.__self__) == best
 
 
-def test_an_op_whose_shape_varies_runs_in_pytorch_and_is_named_once(tmp_path):
+def tuned_ops(graph: fx.GraphModule) -> list[TunedOp]:
+    return [op for op in graph.modules() if isinstance(op, TunedOp)]
+
+
+def built_configs(graph: fx.GraphModule) -> dict:
+    """The config each workload's kernel runs, over the sizes the graph's tuned ops have met."""
+    return {workload: kernel.kernel.config.index
+            for op in tuned_ops(graph) for workload, kernel in op.sizes.bound.items()}
+
+
+def recording_compile(model, db: str):
+    """torch.compile with the tensortune backend, and the list of the graphs it compiles (each recompilation
+    adds one), so the tests can look at their tuned ops."""
+    graphs = []
+
+    def backend(graph, example_inputs):
+        forward = compile_graph(graph, example_inputs, db)
+        graphs.append(forward.__self__)
+        return forward
+    torch._dynamo.reset()  # as compiled_output does
+    return torch.compile(model, backend=backend), graphs
+
+
+def frontend_lines(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.name == "tensortune.frontend"]
+
+
+class Sequences(nn.Module):
+    """Each form once, on inputs whose batch and sequence sizes change: a linear over [batch, sequence, 16], a
+    Conv1D-style addmm through a view to a relu, attention-like batch matmuls, a 2-D product and a convolution
+    over [batch, 3, sequence, 8]."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.conv = nn.Linear(16, 24), nn.Conv2d(3, 4, 3, padding=1)
+        self.weight, self.bias = nn.Parameter(torch.randn(24, 16)), nn.Parameter(torch.randn(16))
+
+    def forward(self, x, image):
+        h = self.fc(x)
+        scores = torch.matmul(h, h.transpose(-1, -2))
+        context = torch.matmul(scores.softmax(-1), h)
+        y = torch.relu(torch.addmm(self.bias, context.view(-1, 24), self.weight).view(x.shape[0], x.shape[1], 16))
+        gram = torch.mm(y[0].t(), y[0])
+        return y, gram, self.conv(image)
+
+
+SIZES = [(2, 5), (2, 7), (2, 9), (3, 7)]  # (batch, sequence): three sequence lengths, then another batch size
+
+
+def test_every_size_runs_tuned_kernels(tmp_path, caplog):
+    """The first call compiles a static graph; another sequence length makes Dynamo trace the sizes symbolic,
+    another batch size once more: each graph has every op tuned, each op builds the kernel of each size it meets
+    once (said in one line per workload), and no op goes back to PyTorch."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU()).eval()
-    compiled = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/v.db"})
-    with torch.inference_mode(), warnings.catch_warnings(record=True) as warned:
-        warnings.simplefilter("default")
-        for rows in (4, 6, 9, 6, 11):
-            x = torch.randn(rows, 16)
+    model = Sequences().eval()
+    compiled, graphs = recording_compile(model, f"sqlite:///{tmp_path}/empty.db")
+    with torch.inference_mode(), caplog.at_level(logging.INFO, logger="tensortune.frontend"):
+        for batch, length in SIZES + SIZES[-1:]:  # the last size once more: its kernels are known
+            x, image = torch.randn(batch, length, 16), torch.randn(batch, 3, length, 8)
+            for got, expected in zip(compiled(x, image), model(x, image)):
+                assert torch.allclose(got, expected, atol=1e-4)
+    assert len(graphs) == 3 and [len(tuned_ops(graph)) for graph in graphs] == [6, 6, 6]
+    sizes_met = [[len(op.sizes.runs) for op in tuned_ops(graph)] for graph in graphs]
+    assert sizes_met == [[1] * 6, [2] * 6, [1] * 6]  # the static graph's, lengths 7 and 9, then batch 3
+    calls = [node for node in graphs[1].graph.nodes if node.op == "call_module"]
+    shapes = [graphs[1].get_submodule(node.target).result_shape(*(arg.meta["example_value"] for arg in node.args))
+              for node in calls]  # from the traced (fake) activations: symbolic where the sequence length is in it
+    assert [re.sub(r"s\d+", "s", str(shape)) for shape in shapes] == [
+        "(2, s, 24)", "(2, s, s)", "(2, s, 24)", "(2*s, 16)", "(16, 16)", "(2, 4, s, 8)"]
+    lines = frontend_lines(caplog)
+    assert not [line for line in lines if "run in PyTorch" in line]
+    new = [line for line in lines if line.startswith("tensortune: new size ")]
+    assert len(new) == 18  # six workloads at each of the three sizes the symbolic graphs met
+    assert "tensortune: new size dense M=21 N=16 K=24 bias=true epilogue=relu has no stored config" in "".join(new)
+
+
+def test_a_new_size_borrows_the_config_of_the_nearest_tuned_shape(tmp_path, caplog):
+    """Only dense M=128 is tuned: the graph built for 77 rows (static) and the kernel built for 90 (symbolic)
+    run its config, and say so."""
+    torch.manual_seed(0)
+    model, target = nn.Linear(32, 48).eval(), host_target()
+    tuned, asked = dense(128, 48, 32, bias=True), dense(77, 48, 32, bias=True)
+    space, smaller = get_space(tuned, target), get_space(asked, target)
+    index = next(i for i in range(space.size // 3, space.size) if fits(smaller, space.get(i)))
+    database = Database(f"sqlite:///{tmp_path}/tuned.db")
+    database.record(*measurement(tuned, target, index, 1e-6))
+    compiled, graphs = recording_compile(model, database.url)
+    with torch.inference_mode(), caplog.at_level(logging.INFO, logger="tensortune.frontend"):
+        for rows in (77, 90):
+            x = torch.randn(rows, 32)
             assert torch.allclose(compiled(x), model(x), atol=1e-5)
-    varying = [str(w.message) for w in warned if "changes size between calls" in str(w.message)]
-    assert len(varying) == 1 and varying[0].startswith("0 (linear) runs in PyTorch")
+    [op] = [op for graph in graphs for op in tuned_ops(graph) if dense(90, 48, 32, bias=True) in op.sizes.bound]
+    built = [kernel.kernel.config for graph in graphs for op in tuned_ops(graph) for kernel in op.sizes.bound.values()]
+    assert [config.to_dict() for config in built] == [space.get(index).to_dict()] * 2
+    lines = frontend_lines(caplog)
+    assert ("tensortune: 1 kernels run the config of the nearest tuned shape of their op: dense M=77 N=48 K=32 "
+            "bias=true (from dense M=128 N=48 K=32 bias=true)") in lines
+    assert ("tensortune: new size dense M=90 N=48 K=32 bias=true runs the config of dense M=128 N=48 K=32 "
+            "bias=true, the nearest tuned shape") in lines
+
+
+def fits(space, config) -> bool:
+    try:
+        space.config(config.to_dict())
+        return True
+    except InvalidConfig:
+        return False
+
+
+def test_a_size_the_weights_fix_that_varies_runs_in_pytorch_said_in_one_line(tmp_path, caplog):
+    """Dynamo makes a linear's K static (the weight fixes it), so the graph is traced here with the input's K
+    symbolic, as a K that varies would be: both linears reading it run in PyTorch, named in one line; the one
+    reading their sum is tuned."""
+    torch.manual_seed(0)
+    model, inputs = Branches().eval(), (torch.randn(4, 16), torch.randn(4, 16))
+    [captured] = capture(model, inputs)
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    for node, value in captured.placeholder_values.items():
+        if any(value is given for given in inputs):
+            node.meta["example_value"] = fake_mode.from_tensor(
+                value, symbolic_context=StatelessSymbolicContext([DimDynamic.DYNAMIC] * 2))
+    with torch.inference_mode(), caplog.at_level(logging.INFO, logger="tensortune.frontend"):
+        forward = compile_graph(captured.graph, captured.inputs, f"sqlite:///{tmp_path}/empty.db")
+        assert torch.allclose(forward(*captured.inputs)[0], model(*inputs), atol=1e-5)
+    assert [op.label for op in tuned_ops(forward.__self__)] == ["dense M=4 N=8 K=32 bias=true"]
+    [said] = [line for line in frontend_lines(caplog) if "run in PyTorch" in line]
+    assert said == ("tensortune: 2 op(s) run in PyTorch (the size its weight fixes (K) changes between calls): "
+                    "left (linear); right (linear)")
+
+
+class Branches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.left, self.right, self.out = nn.Linear(16, 32), nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x, z):  # not one input read by both: they would become one dense (frontend/rewrites.py)
+        return self.out(self.left(x) + self.right(z))
 
 
 def test_functional_calls_compute_what_eager_does_at_every_call(tmp_path):

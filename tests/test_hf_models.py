@@ -1,6 +1,6 @@
 """Models as users bring them (Hugging Face transformers, random weights, nothing downloaded): every form of
 linear layer becomes a task, GPT-2's written-out tanh GELU is fused, and the compiled model computes what
-eager PyTorch does, its gradients included."""
+eager PyTorch does, its gradients included, at every sequence length and batch size."""
 import logging
 
 import pytest
@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from frontend import extract_tasks
-from search_space import dense
+from search_space import batch_matmul, dense
+from tests.test_frontend import frontend_lines, recording_compile, tuned_ops
 
 transformers = pytest.importorskip("transformers")
 from transformers.activations import GELUTanh, NewGELUActivation  # below the skip: where transformers is absent
@@ -33,7 +34,8 @@ def test_gpt2_tasks_are_every_conv1d_and_the_lm_head():
     tasks = {task.workload: task for task in extract_tasks(*tiny_gpt2())}
     assert {workload: task.weight for workload, task in tasks.items()} == {
         dense(16, 96, 32, bias=True): 2, dense(16, 32, 32, bias=True): 2,
-        dense(16, 128, 32, bias=True, epilogue="gelu"): 2, dense(16, 32, 128, bias=True): 2, dense(16, 100, 32): 1}
+        dense(16, 128, 32, bias=True, epilogue="gelu"): 2, dense(16, 32, 128, bias=True): 2, dense(16, 100, 32): 1,
+        batch_matmul(2, 16, 16, 16): 4}  # q·kᵀ and softmax·v of each block's attention (16 positions, 16 per head)
     assert tasks[dense(16, 128, 32, bias=True, epilogue="gelu")].paths == ("transformer.h.0.mlp.c_fc",
                                                                            "transformer.h.1.mlp.c_fc")
     assert tasks[dense(16, 100, 32)].paths == ("lm_head",)
@@ -89,10 +91,10 @@ def test_addmm_and_products_by_a_weight_are_dense(tmp_path):
 
 
 def test_with_grad_enabled_the_ops_needing_gradients_run_in_pytorch_and_match_eager(tmp_path, caplog):
-    """The embeddings and the first block are frozen: its 4 ops need no gradient and run tensortune kernels;
-    the second block's 4 and the lm_head (its input needs one) run in PyTorch, said once, and every weight
-    gets eager's gradient, none a silent None. A call under inference_mode first: Dynamo compiles anew when
-    grad mode changes."""
+    """The embeddings and the first block are frozen: its 6 ops (4 Conv1D, 2 attention matmuls) need no gradient
+    and run tensortune kernels; the second block's 6 and the lm_head (its input needs one) run in PyTorch, said
+    once, and every weight gets eager's gradient, none a silent None. A call under inference_mode first: Dynamo
+    compiles anew when grad mode changes."""
     model, inputs = tiny_gpt2()
     for frozen in (model.transformer.wte, model.transformer.wpe, model.transformer.h[0]):
         frozen.requires_grad_(False)
@@ -108,4 +110,29 @@ def test_with_grad_enabled_the_ops_needing_gradients_run_in_pytorch_and_match_ea
     assert got.keys() == expected.keys() and all(grad is not None for grad in got.values())
     assert all(torch.allclose(got[name], expected[name], atol=1e-5) for name in expected)
     [said] = [record.getMessage() for record in caplog.records if "grad mode is on" in record.getMessage()]
-    assert said.startswith("tensortune: 5 of 9 ops run in PyTorch, as grad mode is on and their inputs require grad")
+    assert said.startswith("tensortune: 7 of 13 ops run in PyTorch, as grad mode is on and their inputs require grad")
+
+
+def tiny_bert():
+    """BERT at 32 wide, 2 layers of 2 heads, its attention written out (the batch matmuls tuned)."""
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                     vocab_size=100, max_position_embeddings=64, attn_implementation="eager")
+    return transformers.BertModel(config).eval()
+
+
+def test_bert_runs_tuned_kernels_at_every_sequence_length_and_batch_size(tmp_path, caplog):
+    """Three sequence lengths, then another batch size, in one process: Dynamo compiles a static graph, then one
+    with the sequence length symbolic, then one with the batch size too; every op extract_tasks finds is tuned
+    in each, none goes back to PyTorch, and the outputs are eager's."""
+    model = tiny_bert()
+    compiled, graphs = recording_compile(model, f"sqlite:///{tmp_path}/empty.db")
+    with torch.inference_mode(), caplog.at_level(logging.INFO, logger="tensortune.frontend"):
+        for batch, length in ((2, 8), (2, 12), (2, 16), (3, 12)):
+            ids = torch.randint(0, 100, (batch, length))
+            got, expected = compiled(ids), model(ids)
+            assert torch.allclose(got.last_hidden_state, expected.last_hidden_state, atol=1e-5)
+            assert torch.allclose(got.pooler_output, expected.pooler_output, atol=1e-5)
+    matched = sum(task.weight for task in extract_tasks(model, (torch.randint(0, 100, (2, 8)),)))
+    assert len(graphs) == 3 and [len(tuned_ops(graph)) for graph in graphs] == [matched] * 3
+    assert not [line for line in frontend_lines(caplog) if "run in PyTorch" in line]

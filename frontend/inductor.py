@@ -1,0 +1,118 @@
+"""The graph around the tuned kernels, compiled by Inductor.
+
+Each tuned op (a module with `result_shape` and `forward`, called by `call_module`) becomes a call of one
+opaque custom operator, `tensortune::tuned(op_id, activations)`, which Inductor leaves alone and schedules
+between the kernels it generates for the rest of the graph: layer norms, softmax, adds and reshapes fuse
+around the tuned kernels. The op id is the key of a process-wide registry that holds each op weakly: the
+compiled graph holds its ops, so they live exactly as long as Dynamo keeps that graph.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+from torch import fx
+from torch._inductor.compile_fx import compile_fx
+
+OPERATOR = "tensortune::tuned"
+
+
+@runtime_checkable
+class Opaque(Protocol):
+    """What Inductor needs of a tuned op: its result's shape (from fake tensors, sizes maybe symbolic), and
+    its result (from real tensors)."""
+
+    def result_shape(self, *activations: torch.Tensor) -> tuple: ...
+
+    def forward(self, *activations: torch.Tensor) -> torch.Tensor: ...
+
+
+class Registry:
+    """The tuned ops the graphs compiled in this process call, by id. It holds them weakly: each compiled graph
+    holds its own ops, so an op lives as long as Dynamo keeps a graph that calls it, and no longer."""
+
+    def __init__(self):
+        self.ops: weakref.WeakValueDictionary[int, Opaque] = weakref.WeakValueDictionary()
+        self.ids = itertools.count()
+
+    def add(self, op: Opaque) -> int:
+        op_id = next(self.ids)
+        self.ops[op_id] = op
+        return op_id
+
+    def __getitem__(self, op_id: int) -> Opaque:
+        try:
+            return self.ops[op_id]
+        except KeyError:
+            raise RuntimeError(f"tensortune: tuned op {op_id} is gone, yet a compiled graph calls it") from None
+
+
+REGISTRY = globals().get("REGISTRY") or Registry()  # the one the operator reads, kept if the module runs again
+
+
+def define_operator():
+    """Define the custom operator, once per process: a module run again (importlib.reload) keeps the first
+    definition, whose functions read this module's REGISTRY."""
+    if hasattr(torch.ops.tensortune, "tuned"):
+        return
+
+    @torch.library.custom_op(OPERATOR, mutates_args=())
+    def tuned(op_id: int, activations: list[torch.Tensor]) -> torch.Tensor:
+        return REGISTRY[op_id].forward(*activations)
+
+    @tuned.register_fake
+    def _(op_id: int, activations: list[torch.Tensor]) -> torch.Tensor:
+        return activations[0].new_empty(REGISTRY[op_id].result_shape(*activations))
+
+
+define_operator()
+
+
+def to_operator_calls(module: fx.GraphModule) -> list[Opaque]:
+    """Replace each `call_module` of a tuned op by a call of the custom operator; the ops, in graph order."""
+    graph, ops = module.graph, []
+    for node in list(graph.nodes):
+        if node.op != "call_module" or not isinstance(op := module.get_submodule(node.target), Opaque):
+            continue
+        with graph.inserting_before(node):
+            call = graph.call_function(torch.ops.tensortune.tuned.default, (REGISTRY.add(op), list(node.args)))
+        call.meta = dict(node.meta)
+        node.replace_all_uses_with(call)
+        graph.erase_node(node)
+        module.delete_submodule(node.target)
+        ops.append(op)
+    graph.lint()
+    module.recompile()
+    return ops
+
+
+def as_constants(module: fx.GraphModule) -> None:
+    """Make the tensors given to a Dynamo graph after tracing (the weights frontend/rewrites.py concatenates)
+    plain attributes, constants of the graph: AOTAutograd lifts every parameter and buffer to an input, and
+    knows where each comes from only for those Dynamo registered."""
+    registered = getattr(module, "_param_name_to_source", None)
+    if registered is None:  # not Dynamo's graph: every parameter and buffer may be lifted
+        return
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if name not in registered:
+            owner, _, attribute = name.rpartition(".")
+            holder = module.get_submodule(owner)
+            delattr(holder, attribute)
+            setattr(holder, attribute, tensor.detach())
+
+
+def compile_around(module: fx.GraphModule, example_inputs: Sequence):
+    """What Inductor's compile_fx makes of the graph with its tuned ops as custom operator calls, holding them.
+    Inductor's caches stay off for it: a cached graph would call op ids of another compile (or process)."""
+    ops = to_operator_calls(module)
+    as_constants(module)
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        compiled = compile_fx(module, list(example_inputs))
+
+    def run(*args, _ops=tuple(ops)):
+        return compiled(*args)
+
+    run._boxed_call = getattr(compiled, "_boxed_call", False)
+    return run

@@ -1,0 +1,211 @@
+"""Graph rewrites before matching, so that the matchers of patterns.py find more of a model's work.
+
+scaled_dot_product_attention becomes its two batch matmuls with the scale, mask and softmax between them;
+linear layers reading one activation become one dense with their weights concatenated (Q, K and V); baddbmm
+becomes a bmm with its scaling and add beside it. Each rewritten graph computes what the original does when
+PyTorch runs it, so a node no matcher takes stays correct. New nodes get their `example_value` by running
+their op on the inputs' fake values in the graph's fake mode (sizes may be symbolic: nothing here asks the
+shape environment, which would add guards Dynamo no longer checks). Rewriting twice changes nothing more.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import fx
+from torch._subclasses import FakeTensor
+
+from .capture import Captured
+from .patterns import LINEAR, Scan, argument, calls, constant, fused_activation, same_shape
+
+ATTENTION = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+BADDBMM = {torch.baddbmm}
+
+
+class Editor:
+    """Inserts calls into a graph with the meta the matchers read: a fake example value and the module stack."""
+
+    def __init__(self, captured: Captured, mode):
+        self.captured, self.graph, self.mode = captured, captured.graph.graph, mode
+
+    def call(self, target, args: tuple, like: fx.Node, kwargs: dict | None = None, stack: dict | None = None):
+        """A call of `target` inserted at the graph's insertion point, with `like`'s module stack (or `stack`),
+        differentiable as far as `like` was."""
+        node = self.graph.call_function(target, args, kwargs or {})
+        node.meta["nn_module_stack"] = stack if stack is not None else like.meta.get("nn_module_stack", {})
+        node.meta["stack_trace"] = like.meta.get("stack_trace")
+        fake_args, fake_kwargs = fx.node.map_arg((args, kwargs or {}), lambda arg: arg.meta["example_value"])
+        grad = getattr(like.meta.get("example_value"), "requires_grad", False)
+        with self.mode, torch.set_grad_enabled(grad):
+            node.meta["example_value"] = target(*fake_args, **fake_kwargs)
+        return node
+
+    def attribute(self, name: str, value: torch.Tensor) -> fx.Node:
+        """A tensor the graph module holds from now on, read by a get_attr node."""
+        self.captured.graph.register_buffer(name, value)
+        node = self.graph.get_attr(name)
+        node.meta["example_value"] = self.mode.from_tensor(value, static_shapes=True)
+        return node
+
+    def replace(self, old: fx.Node, new: fx.Node):
+        old.replace_all_uses_with(new)
+        self.graph.erase_node(old)
+
+
+def value_of(node) -> torch.Tensor | None:
+    value = node.meta.get("example_value") if isinstance(node, fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def number(value):
+    """A number argument, or its example value where Dynamo made it a graph input (a SymFloat)."""
+    return value.meta.get("example_value") if isinstance(value, fx.Node) else value
+
+
+def expand_attention(node: fx.Node, edit: Editor):
+    """softmax(q·kᵀ·scale + mask)·v written out, so both products become batch_matmul tasks. Only what the
+    matmul matcher can take: no dropout, float32, q, k and v of equal batch dimensions (GQA and broadcast
+    heads stay fused). The softmax is aten's _safe_softmax where a mask may mask a whole row: SDPA gives
+    such a row zeros, not NaN."""
+    q, k, v = argument(node, 0, "query"), argument(node, 1, "key"), argument(node, 2, "value")
+    mask, dropout = argument(node, 3, "attn_mask"), argument(node, 4, "dropout_p", default=0.0)
+    causal, scale = argument(node, 5, "is_causal", default=False), argument(node, 6, "scale")
+    values = [value_of(operand) for operand in (q, k, v)]
+    if dropout != 0 or argument(node, 7, "enable_gqa", default=False) or causal not in (False, True):
+        return
+    if any(value is None or value.dtype != torch.float32 for value in values):
+        return
+    batch = [value.shape[:-2] for value in values]
+    if not (same_shape(*batch[:2]) and same_shape(*batch[1:])) or not isinstance(values[0].shape[-1], int):
+        return
+    mask_value = value_of(mask)
+    if mask is not None and (causal or mask_value is None or mask_value.dtype not in (torch.bool, torch.float32)):
+        return  # SDPA raises on a mask with is_causal; other mask types stay fused
+    if not isinstance(number(scale), (int, float, torch.SymFloat, type(None))):
+        return
+    scale = 1 / math.sqrt(values[0].shape[-1]) if scale is None else scale
+    with edit.graph.inserting_before(node):
+        scores = edit.call(torch.matmul, (q, edit.call(torch.transpose, (k, -2, -1), node)), node)
+        scores = edit.call(operator.mul, (scores, scale), node) if scale != 1 else scores
+        if causal:  # the top-left lower triangle, as SDPA aligns it when L ≠ S
+            above = edit.call(torch.triu, (edit.call(torch.full_like, (scores, -math.inf), node), 1), node)
+            scores = edit.call(torch.add, (scores, above), node)
+        elif mask_value is not None and mask_value.dtype == torch.bool:
+            hidden = edit.call(torch.logical_not, (mask,), node)
+            scores = edit.call(torch.masked_fill, (scores, hidden, -math.inf), node)
+        elif mask is not None:
+            scores = edit.call(torch.add, (scores, mask), node)
+        softmax = torch.ops.aten._safe_softmax.default if mask is not None else torch.softmax
+        result = edit.call(torch.matmul, (edit.call(softmax, (scores, -1), node), v), node)
+    edit.replace(node, result)
+
+
+def split_baddbmm(node: fx.Node, edit: Editor):
+    """beta·input + alpha·(batch1 @ batch2) as a bmm the batch_matmul matcher takes, the rest beside it. With
+    beta 0 the input is not read, as baddbmm ignores its NaN and inf."""
+    base, first, second = argument(node, 0, "input"), argument(node, 1, "batch1"), argument(node, 2, "batch2")
+    beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
+    first_value = value_of(first)
+    if len(node.args) != 3 or set(node.kwargs) - {"beta", "alpha"} or first_value is None:
+        return
+    if first_value.dtype != torch.float32 or not all(isinstance(factor, (int, float)) for factor in (beta, alpha)):
+        return
+    with edit.graph.inserting_before(node):
+        result = edit.call(torch.bmm, (first, second), node)
+        result = edit.call(operator.mul, (result, alpha), node) if alpha != 1 else result
+        if beta != 0:
+            base = edit.call(operator.mul, (base, beta), node) if beta != 1 else base
+            result = edit.call(torch.add, (base, result), node)
+    edit.replace(node, result)
+
+
+def fusable_linears(x: fx.Node, captured: Captured) -> list[tuple[fx.Node, np.ndarray, np.ndarray | None]]:
+    """The linear layers reading `x` that one dense may compute together: model-owned weights (and bias, if
+    any), no gradient needed (the fused weights are a copy), no relu or gelu epilogue of their own to lose."""
+    found, scan = [], Scan(captured)
+    for user in x.users:
+        if not calls(user, LINEAR) or argument(user, 0, "input") is not x:
+            continue
+        weight, bias_node = constant(argument(user, 1, "weight"), captured), argument(user, 2, "bias")
+        bias = constant(bias_node, captured) if bias_node is not None else None
+        if weight is None or weight.ndim != 2 or (bias_node is not None and (bias is None or bias.ndim != 1)):
+            continue
+        value = value_of(user)
+        if value is None or value.requires_grad or fused_activation(user, scan)[1]:
+            continue
+        found.append((user, weight, bias))
+    return found if len({weight.shape[1] for _, weight, _ in found}) == 1 else []  # else the model fails anyway
+
+
+def common_stack(nodes: list[fx.Node]) -> dict:
+    """The module stack the nodes share: their common parent module (encoder.layer.0.attention.self)."""
+    stacks = [node.meta.get("nn_module_stack") or {} for node in nodes]
+    return {key: entry for key, entry in stacks[0].items() if all(stack.get(key) == entry for stack in stacks)}
+
+
+def view_safe(reader: fx.Node, width: int) -> bool:
+    """Whether `reader` reads a slice [..., :width] of a wider row-major tensor as it read the whole tensor:
+    every reader but a view (a view only when it splits the last dimension, or keeps it) and as_strided, and
+    the graph's output, which the caller may view as it likes."""
+    if reader.op in ("output", "call_module") or (reader.op, reader.target) == ("call_method", "as_strided"):
+        return False
+    if (reader.op, reader.target) != ("call_method", "view"):
+        return True
+    product = 1
+    for size in reversed(value_of(reader).shape):
+        if product == width or not isinstance(size, int):
+            break
+        product *= size
+    return product == width
+
+
+def fuse_linears(x: fx.Node, edit: Editor) -> bool:
+    """One F.linear for the layers of fusable_linears, split back along N for their readers; whether there
+    were two or more. The parts stay views of the fused result where every reader takes a view (HF's
+    `.view(b, s, heads, d).transpose(1, 2)` does, and the batch_matmul kernel copies its operands anyway),
+    and are made contiguous where a reader could fail on one (a view merging the last dimension)."""
+    members = fusable_linears(x, edit.captured)
+    if len(members) < 2:
+        return False
+    order = {node: index for index, node in enumerate(edit.graph.nodes)}
+    members.sort(key=lambda member: order[member[0]])
+    nodes = [node for node, _, _ in members]
+    widths = [weight.shape[0] for _, weight, _ in members]
+    weight = torch.from_numpy(np.concatenate([weight for _, weight, _ in members]))
+    biases = [bias if bias is not None else np.zeros(width, np.float32) for (_, _, bias), width in zip(members, widths)]
+    has_bias = any(bias is not None for _, _, bias in members)
+    with edit.graph.inserting_before(nodes[0]):
+        args = (x, edit.attribute(f"fused_{nodes[0].name}_weight", weight))
+        if has_bias:
+            args += (edit.attribute(f"fused_{nodes[0].name}_bias", torch.from_numpy(np.concatenate(biases))),)
+        fused = edit.call(F.linear, args, nodes[0], stack=common_stack(nodes))
+        split = edit.call(torch.split, (fused, widths), nodes[0], {"dim": -1})
+        parts = [edit.call(operator.getitem, (split, index), node) for index, node in enumerate(nodes)]
+        parts = [part if all(view_safe(reader, width) for reader in node.users) else
+                 edit.call(torch.Tensor.contiguous, (part,), node) for part, node, width in zip(parts, nodes, widths)]
+    for node, part in zip(nodes, parts):
+        edit.replace(node, part)
+    return True
+
+
+def rewrite(captured: Captured) -> None:
+    """Rewrite the captured graph in place (see the module docstring); nothing where it has no fake values."""
+    graph = captured.graph.graph
+    fakes = [node.meta.get("example_value") for node in graph.nodes]
+    # the fake mode Dynamo traced with, not the backend's TracingContext's, whose fakes may not mix with these
+    mode = next((value.fake_mode for value in fakes if isinstance(value, FakeTensor)), None)
+    if mode is None:
+        return
+    edit = Editor(captured, mode)
+    for node in list(graph.nodes):
+        if calls(node, ATTENTION):
+            expand_attention(node, edit)
+        elif calls(node, BADDBMM, ("baddbmm",)):
+            split_baddbmm(node, edit)
+    while any(fuse_linears(node, edit) for node in list(graph.nodes)):
+        pass  # a fused layer's parts may feed fusable layers of their own
+    graph.lint()
+    captured.graph.recompile()

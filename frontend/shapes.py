@@ -1,0 +1,198 @@
+"""Shape dispatch: each tuned op runs the kernel of the sizes it is called at.
+
+A match's form (Dense, Product, Conv2d) holds what its sizes do not change, and gives the workload and the
+result's shape from its activations' shapes: from static sizes when a graph is matched, from SymInts when a
+graph is traced symbolic (result shapes only), from a call's sizes at run time.
+
+Dynamo traces a model with static sizes first, and with symbolic ones once it has seen a size change (another
+sequence length, another batch size): a tuned op then meets its sizes only at run time. Its first call at a
+size builds that workload's kernel with the best config stored for it, else with the config of the nearest
+stored shape of the same op and options (db.HistoryBest.query_nearest), else with the template's fallback, and
+says which in one line per workload; every later call at that size is one dict lookup. The kernels of a
+graph's static sizes are built with the graph, their fallbacks named together in one line.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Union
+
+import numpy as np
+import torch
+
+from db import Database, apply_history_best
+from db.history import StoredConfig
+from search_space import Target, Workload, fallback_config
+from search_space.workload import conv2d_output
+from workers import build
+
+log = logging.getLogger("tensortune.frontend")
+
+Size = Union[int, torch.SymInt]  # an int where the graph's size is static, a SymInt where it varies between calls
+Shape = tuple[Size, ...]
+
+
+@dataclass(frozen=True)
+class Dense:
+    """x · Wᵀ (+ bias, then an epilogue) by a bound weight W [N, K]: M is every leading size of x."""
+
+    N: int
+    K: int
+    bias: bool = False
+    epilogue: str = "none"
+
+    def workload(self, x: tuple[int, ...]) -> Workload:
+        return Workload.make("dense", M=math.prod(x[:-1]), N=self.N, K=self.K, bias=self.bias, epilogue=self.epilogue)
+
+    def result_shape(self, x: Shape) -> Shape:
+        return (*x[:-1], self.N)
+
+
+@dataclass(frozen=True)
+class Product:
+    """a · b of two activations: matmul when 2-D, else batch_matmul over the leading (batch × heads) sizes."""
+
+    def workload(self, a: tuple[int, ...], b: tuple[int, ...]) -> Workload:
+        (m, k), n = a[-2:], b[-1]
+        if len(a) == 2:
+            return Workload.make("matmul", M=m, N=n, K=k)
+        return Workload.make("batch_matmul", B=math.prod(a[:-2]), M=m, N=n, K=k)
+
+    def result_shape(self, a: Shape, b: Shape) -> Shape:
+        return (*a[:-1], b[-1])
+
+
+@dataclass(frozen=True)
+class Conv2d:
+    """A square-strided, square-padded convolution by a bound weight [K, C, R, S] of x [N, C, H, W], then an
+    optional residual (an activation of the result's shape) and epilogue."""
+
+    C: int
+    K: int
+    R: int
+    S: int
+    stride: int
+    pad: int
+    bias: bool = False
+    residual: bool = False
+    epilogue: str = "none"
+
+    def workload(self, x: tuple[int, ...], *residual) -> Workload:
+        return Workload.make("conv2d", N=x[0], C=self.C, H=x[2], W=x[3], K=self.K, R=self.R, S=self.S,
+                             stride=self.stride, pad=self.pad, bias=self.bias, residual=self.residual,
+                             epilogue=self.epilogue)
+
+    def result_shape(self, x: Shape, *residual) -> Shape:
+        sizes = {"H": x[2], "W": x[3], "R": self.R, "S": self.S, "stride": self.stride, "pad": self.pad}
+        return (x[0], self.K, *conv2d_output(sizes))
+
+
+Form = Union[Dense, Product, Conv2d]
+
+
+def fallback_summary(untuned: list[Workload], total: int, target: Target) -> str:
+    return (f"tensortune: {len(untuned)} of {total} kernels have no stored config for {target.label} and run a "
+            f"fallback config, which may be much slower: {'; '.join(workload.label for workload in untuned)}")
+
+
+def borrowed_summary(borrowed: dict[Workload, Workload]) -> str:
+    return (f"tensortune: {len(borrowed)} kernels run the config of the nearest tuned shape of their op: "
+            f"{'; '.join(f'{workload.label} (from {source.label})' for workload, source in borrowed.items())}")
+
+
+def first_sight_line(workload: Workload, found: StoredConfig | None, target: Target) -> str:
+    """What a kernel built at run time, for a size first met, runs."""
+    if found is None:
+        return (f"tensortune: new size {workload.label} has no stored config for {target.label}, nor a tuned shape "
+                "of its op to borrow one from, and runs a fallback config, which may be much slower")
+    if found.workload != workload:
+        return (f"tensortune: new size {workload.label} runs the config of {found.workload.label}, the nearest tuned "
+                "shape")
+    return f"tensortune: new size {workload.label} runs its stored config"
+
+
+class Kernels:
+    """The kernels of one compiled graph, one per workload, each built once (ops of one workload share it and
+    bind their own weights). The database is opened only to choose configs, not held between calls."""
+
+    def __init__(self, db, target: Target):
+        self.db, self.target = db, target
+        self.built: dict[Workload, object] = {}
+        self._lock = threading.Lock()
+
+    def prepare(self, workloads: Iterable[Workload]) -> None:
+        """Build the kernels of the graph's static sizes: the fallbacks among them said in one line, the
+        borrowed configs in another (at INFO)."""
+        with self._lock:
+            chosen = self._choose([workload for workload in dict.fromkeys(workloads) if workload not in self.built])
+            untuned = [workload for workload, found in chosen.items() if found is None]
+            borrowed = {workload: found.workload for workload, found in chosen.items()
+                        if found is not None and found.workload != workload}
+            if untuned:
+                log.warning(fallback_summary(untuned, len(chosen), self.target))
+            if borrowed:
+                log.info(borrowed_summary(borrowed))
+            for workload, found in chosen.items():
+                self.built[workload] = self._build(workload, found)
+
+    def get(self, workload: Workload):
+        """The workload's kernel, built at its first sight with one line saying which config it runs."""
+        with self._lock:
+            if workload not in self.built:
+                found = self._choose([workload])[workload]
+                (log.warning if found is None else log.info)(first_sight_line(workload, found, self.target))
+                self.built[workload] = self._build(workload, found)
+            return self.built[workload]
+
+    def _choose(self, workloads: list[Workload]) -> dict[Workload, StoredConfig | None]:
+        if not workloads:
+            return {}
+        with Database(self.db) as database, apply_history_best(database) as history:
+            return {workload: history.query_nearest(workload, self.target) for workload in workloads}
+
+    def _build(self, workload: Workload, found: StoredConfig | None):
+        config = found.config if found is not None else fallback_config(workload, self.target)
+        return build(workload, self.target, config)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A kernel bound to one op's weights, and the shapes a call at one size reads and writes."""
+
+    call: Callable[..., None]  # by the addresses of the activations, then of the output
+    inputs: tuple[tuple[int, ...], ...]  # each activation as the kernel reads it (dense flattens leading sizes)
+    output: tuple[int, ...]  # the kernel's result
+    result: tuple[int, ...]  # that result as the model shapes it
+    kernel: object  # the bound kernel: keeps the call's memory alive, and says which config it runs
+
+
+class ShapeDispatch:
+    """One match's kernels by the shapes of its activations, each bound to the match's weights once per
+    workload (two shapes may make one workload: [2, 6, K] and [3, 4, K] are both dense M=12)."""
+
+    def __init__(self, form: Form, weights: dict[str, np.ndarray], kernels: Kernels):
+        self.form, self.weights, self.kernels = form, weights, kernels
+        self.runs: dict[tuple, Run] = {}
+        self.bound: dict[Workload, object] = {}
+        self._lock = threading.Lock()
+
+    def run(self, shapes: tuple) -> Run:
+        """The run for these activation shapes (tuples or torch.Size, which hash alike)."""
+        found = self.runs.get(shapes)
+        return found if found is not None else self._first_sight(shapes)
+
+    def _first_sight(self, shapes: tuple) -> Run:
+        with self._lock:
+            workload = self.form.workload(*shapes)
+            if workload not in self.bound:
+                kernel = self.kernels.get(workload)
+                self.bound[workload] = kernel.bind(**self.weights) if self.weights else kernel
+            bound = self.bound[workload]
+            weights = set(workload.weight_names())
+            inputs = tuple(shape for name, shape in workload.operand_shapes() if name not in weights)
+            result = tuple(self.form.result_shape(*shapes))
+            run = Run(bound.address_call(), inputs, workload.output_shape, result, bound)
+            self.runs[tuple(shapes)] = run
+            return run

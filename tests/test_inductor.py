@@ -1,0 +1,186 @@
+"""The graph around the tuned kernels: compiled by Inductor, each kernel an opaque custom operator in it
+(frontend/inductor.py), or kept eager when the backend's `graph` option says so."""
+import gc
+import importlib
+import re
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._inductor.utils import run_and_get_code
+
+from frontend import inductor
+from frontend.backend import tensortune
+from frontend.capture import capture
+from search_space import Target, dense, fallback_config
+from workers import build
+
+TUNED_CALL = "torch.ops.tensortune.tuned.default("
+
+
+class Block(nn.Module):
+    """linear → layer norm → gelu → linear, a residual add and a softmax: two dense ops, and elementwise work
+    around them that Inductor fuses into two kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.norm, self.down = nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        return torch.softmax(x + self.down(F.gelu(self.norm(self.up(x)))), dim=-1)
+
+
+def block() -> Block:
+    torch.manual_seed(0)
+    return Block().eval()
+
+
+def fused_kernels(code: list[str]) -> list[str]:
+    """The names of the kernels Inductor generated (it names each after the operations fused into it)."""
+    return re.findall(r"^(cpp_fused_\w+) = async_compile", "\n".join(code), re.MULTILINE)
+
+
+def run_compiled(model, x, path, **options):
+    """The model's output under torch.compile(backend="tensortune") and the code Inductor generated for it
+    (run_and_get_code resets Dynamo first, so the backend compiles afresh)."""
+    compiled = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{path}/empty.db", **options})
+    with torch.inference_mode():
+        return run_and_get_code(compiled, x)
+
+
+def assert_close(got, expected):
+    assert got.shape == expected.shape
+    assert float((got - expected).abs().max()) <= 1e-5
+
+
+def test_the_graph_around_the_tuned_ops_is_compiled_by_inductor(tmp_path):
+    model, x = block(), torch.randn(2, 5, 16)
+    got, code = run_compiled(model, x, tmp_path)
+    with torch.inference_mode():
+        assert_close(got, model(x))
+    assert sum(source.count(TUNED_CALL) for source in code) == 2
+    kernels = fused_kernels(code)
+    assert any("layer_norm" in name and "gelu" in name for name in kernels), kernels
+    assert any("add" in name and "softmax" in name for name in kernels), kernels
+
+
+def test_the_eager_graph_option_runs_the_rest_op_by_op(tmp_path):
+    model, x = block(), torch.randn(2, 5, 16)
+    got, code = run_compiled(model, x, tmp_path, graph="eager")
+    with torch.inference_mode():
+        assert_close(got, model(x))
+    assert code == []  # Inductor generated nothing
+
+
+def test_symbolic_sizes_run_the_tuned_ops_in_inductor(tmp_path):
+    """Dynamo traces with symbolic sizes from the first call (dynamic=True), and the graph serves every length."""
+    model = block()
+    compiled = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/empty.db"},
+                             dynamic=True)
+    first, second = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
+    with torch.inference_mode():
+        got, code = run_and_get_code(compiled, first)
+        assert_close(got, model(first))
+        assert_close(compiled(second), model(second))
+    assert sum(source.count(TUNED_CALL) for source in code) == 2
+    assert re.search(r"assert_size_stride\(buf\d+, \(s\d+, s\d+, 32\)", code[0])  # the first op's symbolic result
+
+
+class Gated(nn.Module):
+    """Two linear layers reading one activation: frontend/rewrites.py gives the graph one dense of their weights
+    concatenated, a tensor Dynamo never saw, which AOTAutograd must not take for a parameter of the model."""
+
+    def __init__(self):
+        super().__init__()
+        self.value, self.gate = nn.Linear(16, 24), nn.Linear(16, 24)
+
+    def forward(self, x):
+        return self.value(x) * torch.sigmoid(self.gate(x))
+
+
+def test_weights_the_graph_was_given_after_dynamo_are_constants_to_inductor(tmp_path):
+    torch.manual_seed(0)
+    model, x = Gated().eval(), torch.randn(2, 5, 16)
+    got, code = run_compiled(model, x, tmp_path)
+    with torch.inference_mode():
+        assert_close(got, model(x))
+    assert sum(source.count(TUNED_CALL) for source in code) == 1
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"graph": "jit"}, "tensortune backend: option graph is 'jit'; it takes inductor or eager"),
+    ({"graphs": "eager"}, "tensortune backend: unknown option(s) graphs; it takes db, target and graph"),
+])
+def test_bad_graph_options_are_refused(options, message):
+    [captured] = capture(nn.Linear(4, 4).eval(), (torch.randn(2, 4),))
+    with pytest.raises(ValueError) as raised:
+        tensortune(captured.graph, captured.inputs, options)
+    assert str(raised.value) == message
+
+
+class RowDispatchedDense(nn.Module):
+    """A linear layer on tensortune kernels, one built at the first sight of each row count, called as the
+    backend's TunedOp calls them: by address."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight, self.bias = linear.weight.detach().numpy(), linear.bias.detach().numpy()
+        self.calls = {}
+
+    def result_shape(self, x: torch.Tensor) -> tuple:
+        return (*x.shape[:-1], self.weight.shape[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        rows = x.numel() // x.shape[-1]
+        if rows not in self.calls:
+            workload, target = dense(rows, *self.weight.shape, bias=True), Target.parse("llvm")
+            kernel = build(workload, target, fallback_config(workload, target))
+            self.calls[rows] = kernel.bind(W=self.weight, bias=self.bias).address_call()
+        out = torch.empty(self.result_shape(x))
+        self.calls[rows](x.data_ptr(), out.data_ptr())
+        return out
+
+
+def dense_ops_around(model: Block, made: list):
+    """A torch.compile backend: the model's linear layers as RowDispatchedDense called by `call_module` (the
+    form the tensortune backend substitutes), then compile_around; `made` gets weak references to the ops."""
+    def backend(module, example_inputs):
+        linears = iter([model.up, model.down])
+        for node in [n for n in module.graph.nodes if n.op == "call_function" and n.target is torch._C._nn.linear]:
+            op = RowDispatchedDense(next(linears))
+            made.append(weakref.ref(op))
+            module.add_submodule(f"dense_{len(made)}", op)
+            with module.graph.inserting_after(node):
+                node.replace_all_uses_with(module.graph.call_module(f"dense_{len(made)}", (node.args[0],)))
+            module.graph.erase_node(node)
+        module.recompile()
+        return inductor.compile_around(module, example_inputs)
+    return backend
+
+
+def test_tuned_ops_take_symbolic_sizes_and_live_as_long_as_their_graph():
+    """Dynamo traces with symbolic sizes from the first call (dynamic=True): the fake implementation's shape
+    arithmetic takes them, and each length runs its own kernel. The module, run again, keeps its registry."""
+    model, made = block(), []
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=dense_ops_around(model, made), dynamic=True)
+    with torch.inference_mode():
+        for length in (5, 9):
+            x = torch.randn(2, length, 16)
+            got, code = run_and_get_code(compiled, x) if length == 5 else (compiled(x), code)
+            assert_close(got, model(x))
+        importlib.reload(inductor)
+        x = torch.randn(3, 4, 16)
+        assert_close(compiled(x), model(x))
+    assert sum(source.count(TUNED_CALL) for source in code) == 2
+    assert re.search(r"assert_size_stride\(buf\d+, \(s\d+, s\d+, 32\)", code[0])  # the first op's symbolic result
+    ops = [ref() for ref in made[-2:]]  # Dynamo restarts its first trace once (Inductor makes the layer norm's eps
+    assert [set(op.calls) for op in ops] == [{10, 18, 12}] * 2  # a tensor): the last two are the ops it runs
+    assert set(ops) <= set(inductor.REGISTRY.ops.values())
+    del ops, compiled
+    torch._dynamo.reset()
+    gc.collect()
+    assert [ref() for ref in made] == [None] * len(made)  # the registry held them for their graph, and no longer
