@@ -1,12 +1,16 @@
-"""`tensortune bench model MODEL`: a whole model run by eager PyTorch, by torch.compile's default
-(Inductor) and by torch.compile(backend="tensortune") with the best stored configs, timed in
-alternating rounds in one run, with the largest difference from eager's output."""
+"""`tensortune bench model MODEL [--seq-lens ...]`: a whole model run by eager PyTorch, by torch.compile's default
+(Inductor), by Inductor's max-autotune with frozen weights, and by torch.compile(backend="tensortune") with the best
+stored configs, timed in alternating rounds in one run, with the largest difference from eager's output. At several
+sequence lengths each way is compiled once and called at every length, as a server would, and every length is
+warmed up (compiled) before any is timed."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
+from typing import Callable, ContextManager
 
 from rich.console import Console
 from rich.table import Table
@@ -14,30 +18,80 @@ from rich.table import Table
 from search_space import Target
 from workers.reference import head_to_head
 
+INDUCTOR_WAYS = ("inductor", "inductor_max_autotune")
 
-def measure_model(name: str, model, inputs: tuple, db: str | None = None, target: str = "llvm", rounds: int = 5,
-                  inductor: bool = True) -> dict:
-    """Latencies (ms) of each way of running the model, their ratios to eager, and tensortune's max error."""
+
+@dataclasses.dataclass(frozen=True)
+class Way:
+    """A way of running the model, and what must hold while it compiles (its first call at each length)."""
+
+    run: Callable
+    compiling: Callable[[], ContextManager] = nullcontext
+
+
+def ways(model, db: str | None, target: str, inductor: bool, max_autotune: bool) -> dict[str, Way]:
+    """Eager; with `inductor`, torch.compile's default and, with `max_autotune` too, mode="max-autotune" with
+    Inductor's freezing (weights folded in as constants, as for inference); and tensortune."""
+    import torch
+
+    found = {"eager": Way(model)}
+    if inductor:
+        found["inductor"] = Way(torch.compile(model))
+    if inductor and max_autotune:
+        found["inductor_max_autotune"] = Way(torch.compile(model, mode="max-autotune"),
+                                             lambda: torch._inductor.config.patch(freezing=True))
+    found["tensortune"] = Way(torch.compile(model, backend="tensortune", options={"db": db, "target": target}))
+    return found
+
+
+def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None, target: str = "llvm",
+                       rounds: int = 5, inductor: bool = True, max_autotune: bool = False) -> list[dict]:
+    """One row per entry of `inputs_at` (sequence length → example inputs, as frontend.presets.load_model_at gives
+    them): each way's latency (ms) and its ratio to eager, tensortune's against the faster Inductor way, the
+    seconds each way took to compile (its first calls), and tensortune's largest difference from eager."""
     import torch
 
     threads = Target.parse(target).threads
     torch.set_num_threads(threads)
-    runs = {"eager": model}
-    start = time.perf_counter()
-    runs["tensortune"] = torch.compile(model, backend="tensortune", options={"db": db, "target": target})
-    if inductor:
-        runs["inductor"] = torch.compile(model)
-    with torch.inference_mode():
-        outputs = {way: run(*inputs) for way, run in runs.items()}  # compiles, and warms up
-        compile_seconds = time.perf_counter() - start
-        calls = {way: (lambda run=run: run(*inputs)) for way, run in runs.items()}
-        seconds = head_to_head(calls, threads, rounds=rounds, min_repeat_ms=200)
-    row = {"model": name, "threads": threads, "target": target, "compile_seconds": round(compile_seconds, 1),
-           "max_error": max_difference(outputs["tensortune"], outputs["eager"])}
+    torch._dynamo.reset()  # the compiled entries of earlier models count toward the limit below
+    runs = ways(model, db, target, inductor, max_autotune)
+    outputs, compile_seconds = {}, {}
+    # Dynamo's recompile limit (8) counts every way's graphs together, a static one and a dynamic one each
+    recompiles = torch._dynamo.config.patch(recompile_limit=max(8, len(runs) * (len(inputs_at) + 1)))
+    with recompiles, torch.inference_mode():
+        for way, how in runs.items():
+            start = time.perf_counter()
+            with how.compiling():
+                outputs[way] = {length: how.run(*inputs) for length, inputs in inputs_at.items()}
+            compile_seconds[way] = round(time.perf_counter() - start, 1)
+        rows = []
+        for length, inputs in inputs_at.items():
+            calls = {way: (lambda run=how.run: run(*inputs)) for way, how in runs.items()}
+            seconds = head_to_head(calls, threads, rounds=rounds, min_repeat_ms=200)
+            rows.append(timing_row(name, length, threads, target, seconds, compile_seconds,
+                                   max_difference(outputs["tensortune"][length], outputs["eager"][length])))
+    return rows
+
+
+def timing_row(name: str, length: int | None, threads: int, target: str, seconds: dict[str, float],
+               compile_seconds: dict[str, float], max_error: float) -> dict:
+    row = {"model": name, "seq_len": length, "threads": threads, "target": target,
+           "compile_seconds": {way: value for way, value in compile_seconds.items() if way != "eager"},
+           "max_error": max_error}
     for way, value in seconds.items():
         row[f"{way}_ms"] = round(value * 1e3, 3)
         row[f"{way}_speedup"] = round(seconds["eager"] / value, 3)
+    inductors = [way for way in INDUCTOR_WAYS if way in seconds]
+    if inductors:
+        row["fastest_inductor"] = min(inductors, key=seconds.get)
+        row["tensortune_vs_inductor"] = round(seconds[row["fastest_inductor"]] / seconds["tensortune"], 3)
     return row
+
+
+def measure_model(name: str, model, inputs: tuple, db: str | None = None, target: str = "llvm", rounds: int = 5,
+                  inductor: bool = True) -> dict:
+    """`measure_at_lengths` at the one size of `inputs`."""
+    return measure_at_lengths(name, model, {None: inputs}, db, target, rounds, inductor)[0]
 
 
 def max_difference(output, expected) -> float:
@@ -65,21 +119,31 @@ def tensors(output) -> list:
     return [tensor for part in parts for tensor in tensors(part)]
 
 
-def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool, inductor: bool = True) -> list[dict]:
-    """Time each of `models` (name → (model, example_inputs), as frontend.presets.load_model gives them)."""
+def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool, inductor: bool = True,
+        max_autotune: bool = False) -> list[dict]:
+    """Time each of `models` (name → (model, inputs by sequence length), as frontend.presets.load_model_at gives
+    them): one row per model and length."""
     rows = []
-    for name, (model, inputs) in models.items():
-        row = measure_model(name, model, inputs, db, target, inductor=inductor)
-        rows.append(row)
-        if json_lines:
-            print(json.dumps(row), flush=True)
+    for name, (model, inputs_at) in models.items():
+        for row in measure_at_lengths(name, model, inputs_at, db, target, inductor=inductor, max_autotune=max_autotune):
+            rows.append(row)
+            if json_lines:
+                print(json.dumps(row), flush=True)
     if not json_lines:
-        table = Table(title="models: eager PyTorch, Inductor and tensortune (same run; speedup over eager)")
-        for column in ("model", "threads", "eager ms", "Inductor ms", "tensortune ms", "tensortune speedup", "max error"):
-            table.add_column(column)
-        for r in rows:
-            table.add_row(r["model"], str(r["threads"]), f"{r['eager_ms']:.2f}",
-                          f"{r['inductor_ms']:.2f}" if "inductor_ms" in r else "-", f"{r['tensortune_ms']:.2f}",
-                          f"{r['tensortune_speedup']:.2f}x", f"{r['max_error']:.1e}")
-        Console().print(table)
+        print_table(rows)
     return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    table = Table(title="models: eager PyTorch, Inductor (default; max-autotune with freezing) and tensortune, "
+                        "same run; speedup over eager, and tensortune over the faster Inductor")
+    for column in ("model", "seq", "threads", "eager ms", "Inductor ms", "max-autotune ms", "tensortune ms",
+                   "speedup", "vs Inductor", "max error"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["model"], str(r["seq_len"] or "-"), str(r["threads"]), f"{r['eager_ms']:.2f}",
+                      *(f"{r[key]:.2f}" if key in r else "-" for key in ("inductor_ms", "inductor_max_autotune_ms")),
+                      f"{r['tensortune_ms']:.2f}", f"{r['tensortune_speedup']:.2f}x",
+                      f"{r['tensortune_vs_inductor']:.2f}x" if "tensortune_vs_inductor" in r else "-",
+                      f"{r['max_error']:.1e}")
+    Console().print(table)

@@ -1,11 +1,13 @@
-"""Models to tune by name, written in plain PyTorch with random weights (nothing is downloaded), and
-user models given as `path/to/file.py:function` returning `(model, example_inputs)`."""
+"""Models to tune by name, with random weights (nothing is downloaded): in plain PyTorch, and Hugging Face
+transformers' BERT-base and GPT-2 (the `[hf]` extra); and user models given as `path/to/file.py:function` returning
+`(model, example_inputs)`. Models with a sequence length are made at any (`seq_len`)."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -80,14 +82,14 @@ def _randomized(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
-def bert_layer() -> tuple[nn.Module, tuple]:
+def bert_layer(seq_len: int = 128) -> tuple[nn.Module, tuple]:
     torch.manual_seed(0)
-    return _randomized(EncoderLayer()), (torch.randn(1, 128, 768),)
+    return _randomized(EncoderLayer()), (torch.randn(1, seq_len, 768),)
 
 
-def bert_base() -> tuple[nn.Module, tuple]:
+def bert_base(seq_len: int = 128) -> tuple[nn.Module, tuple]:
     torch.manual_seed(0)
-    return _randomized(nn.Sequential(*(EncoderLayer() for _ in range(12)))), (torch.randn(1, 128, 768),)
+    return _randomized(nn.Sequential(*(EncoderLayer() for _ in range(12)))), (torch.randn(1, seq_len, 768),)
 
 
 def resnet18() -> tuple[nn.Module, tuple]:
@@ -95,14 +97,59 @@ def resnet18() -> tuple[nn.Module, tuple]:
     return _randomized(ResNet18()), (torch.randn(1, 3, 224, 224),)
 
 
-PRESETS: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
-    "bert-layer": bert_layer, "bert-base": bert_base, "resnet18": resnet18}
+def _transformers(preset: str):
+    """Hugging Face transformers, or one line saying how to get it (it is the optional `[hf]` extra)."""
+    try:
+        import transformers
+    except ImportError:
+        raise ModelError(f'{preset} needs Hugging Face transformers: pip install -e ".[hf]"') from None
+    return transformers
 
 
-def load_model(spec: str) -> tuple[nn.Module, tuple]:
-    """A preset by name, or `path/to/file.py:function` called for `(model, example_inputs)`."""
+def hf_bert_base(seq_len: int = 128) -> tuple[nn.Module, tuple]:
+    """transformers' BertModel with BertConfig()'s defaults (BERT-base), random weights, fed token ids and an
+    attention mask of batch 1."""
+    transformers = _transformers("hf-bert-base")
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig()).eval()  # before the inputs: the same at every length
+    ids = torch.randint(0, model.config.vocab_size, (1, seq_len))
+    return model, (ids, torch.ones(1, seq_len, dtype=torch.long))
+
+
+def hf_gpt2(seq_len: int = 128) -> tuple[nn.Module, tuple]:
+    """transformers' GPT2LMHeadModel with GPT2Config()'s defaults (GPT-2 small), random weights, fed token ids of
+    batch 1; no key/value cache is returned (one forward over the whole sequence, as in prefill)."""
+    transformers = _transformers("hf-gpt2")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(use_cache=False)).eval()
+    return model, (torch.randint(0, model.config.vocab_size, (1, seq_len)),)
+
+
+PRESETS: dict[str, Callable[..., tuple[nn.Module, tuple]]] = {
+    "bert-layer": bert_layer, "bert-base": bert_base, "resnet18": resnet18, "hf-bert-base": hf_bert_base,
+    "hf-gpt2": hf_gpt2}
+
+
+def takes_seq_len(make: Callable) -> bool:
+    """Whether `make` can be called with `seq_len=` (a parameter of that name, or **kwargs)."""
+    parameters = inspect.signature(make).parameters.values()
+    return any(p.kind == p.VAR_KEYWORD or (p.name == "seq_len" and p.kind != p.POSITIONAL_ONLY) for p in parameters)
+
+
+def _made(make: Callable, seq_len: int | None, what: str, fix: str = ""):
+    """`make()`, or `make(seq_len=seq_len)`; ModelError naming `what` (and how to `fix` it) when it takes no seq_len."""
+    if seq_len is None:
+        return make()
+    if not takes_seq_len(make):
+        raise ModelError(f"{what} takes no seq_len, so it cannot be made at other sequence lengths{fix}")
+    return make(seq_len=seq_len)
+
+
+def load_model(spec: str, seq_len: int | None = None) -> tuple[nn.Module, tuple]:
+    """A preset by name, or `path/to/file.py:function` called for `(model, example_inputs)`; with `seq_len`, made at
+    that sequence length (called with `seq_len=` as a keyword argument)."""
     if spec in PRESETS:
-        return PRESETS[spec]()
+        return _made(PRESETS[spec], seq_len, spec)
     if ":" not in spec:
         raise ModelError(f"unknown model {spec!r}: presets are {', '.join(PRESETS)}, or give path/to/file.py:function")
     path, _, name = spec.rpartition(":")
@@ -110,10 +157,24 @@ def load_model(spec: str) -> tuple[nn.Module, tuple]:
         source = importlib.util.spec_from_file_location(Path(path).stem, path)
         module = importlib.util.module_from_spec(source)
         source.loader.exec_module(module)
-        made = getattr(module, name)()
+        made = _made(getattr(module, name), seq_len, f"{path}: {name}()",
+                     f": give it a seq_len keyword argument, e.g. def {name}(seq_len=128)")
+    except ModelError:
+        raise
     except Exception as error:  # anything the user's file does wrong is reported as one line naming it
         raise ModelError(f"{path}: cannot get a model from {name}(): {type(error).__name__}: {error}") from None
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
         raise ModelError(f"{path}: {name}() must return (model, example_inputs), got {type(made).__name__}")
     model, inputs = made
     return model.eval(), tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def load_model_at(spec: str, seq_lens: Sequence[int] = ()) -> tuple[nn.Module, dict[int | None, tuple]]:
+    """One model and its example inputs at each of `seq_lens` (keyed None, as the spec makes them, when none is
+    given): what is tuned and run at every length. The model is the one made at the first length; those made at
+    the others give only their inputs (so weights a factory leaves unseeded are no matter)."""
+    if not seq_lens:
+        model, inputs = load_model(spec)
+        return model, {None: inputs}
+    model, first = load_model(spec, seq_lens[0])
+    return model, {seq_lens[0]: first} | {length: load_model(spec, length)[1] for length in seq_lens[1:]}

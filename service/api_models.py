@@ -31,7 +31,7 @@ class WorkloadIn(BaseModel):
 
 class ModelIn(BaseModel):
     name: str = Field(min_length=1, max_length=128, examples=["bert-layer"],
-                      description="a preset: bert-layer, bert-base or resnet18")
+                      description="a preset: bert-layer, bert-base, resnet18, hf-bert-base or hf-gpt2")
 
 
 class JobIn(BaseModel):

@@ -12,7 +12,10 @@ from search_space import Workload
 from .cli_args import (DB_OPTION, TARGET_OPTION, WORKERS_HELP, check_workers, console, fail, open_database, parse_target,
                        writing_to)
 
-MODEL_HELP = "a preset (bert-layer, bert-base, resnet18) or path/to/file.py:function returning (model, example_inputs)"
+MODEL_HELP = ("a preset (bert-layer, bert-base, resnet18, hf-bert-base, hf-gpt2) or path/to/file.py:function returning "
+              "(model, example_inputs)")
+SEQ_LENS_OPTION = typer.Option(None, "--seq-lens", metavar="L,L,...",
+                               help="sequence lengths to make the model at (the function is called with seq_len=L)")
 
 
 def require_torch() -> None:
@@ -24,15 +27,26 @@ def require_torch() -> None:
         raise typer.Exit(1)
 
 
-def load(spec: str):
-    """The model and its example inputs, or one line saying why not."""
-    from frontend.presets import ModelError, load_model
+def parse_seq_lens(text: str | None) -> list[int]:
+    """`--seq-lens 128,32,77` → [32, 77, 128] (a set: each once, in order); [] when not given; a bad list ends the
+    command."""
+    if text is None:
+        return []
+    words = [word.strip() for word in text.split(",")]
+    if not all(word.isdigit() and int(word) > 0 for word in words):
+        fail(f"--seq-lens {text}: give positive whole numbers separated by commas, e.g. --seq-lens 32,128", 2)
+    return sorted({int(word) for word in words})
+
+
+def load(spec: str, seq_lens: list[int]):
+    """The model and its example inputs by sequence length (frontend.presets.load_model_at), or one line saying
+    why not."""
+    from frontend.presets import ModelError, load_model_at
 
     try:
-        return load_model(spec)
+        return load_model_at(spec, seq_lens)
     except ModelError as error:
-        console.print(f"[red]error:[/red] {error}", highlight=False)
-        raise typer.Exit(2)
+        fail(str(error), 2)
 
 
 def progress_table(progress) -> Table:
@@ -50,17 +64,20 @@ def progress_table(progress) -> Table:
 
 def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
                trials: int = typer.Option(300, "--trials", min=1, max=100_000, help="measured in all, over every task"),
+               seq_lens: Optional[str] = SEQ_LENS_OPTION,
                target: str = TARGET_OPTION,
                tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
                db: Optional[str] = DB_OPTION,
                workers: str = typer.Option("local", "--workers", help=WORKERS_HELP),
                again: bool = typer.Option(False, "--again", help="tune anew though the same job already ran to its end")):
-    """Tune every task of a model under one budget (rerun to resume; a finished job is shown, not run again),
-    then time it: eager PyTorch beside tensortune, in the same run."""
+    """Tune every task of a model (at every sequence length of --seq-lens) under one budget (rerun to resume; a
+    finished job is shown, not run again), then time it: eager PyTorch beside tensortune, in the same run."""
     require_torch()
     check_workers(workers)
-    from bench.model import measure_model
-    from frontend import NothingToTune, extract_tasks
+    lengths = parse_seq_lens(seq_lens)
+    from bench.model import measure_at_lengths
+    from frontend import NothingToTune
+    from frontend.tasks import extract_tasks_at
     from tuner.scheduler import tune_tasks
     from tuner.tune import JobFailed
 
@@ -68,12 +85,13 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
     from .runner import make_measurer
 
     target_, database = parse_target(target), open_database(db)  # a bad --db fails before seconds of tracing
-    net, inputs = load(model)
+    net, inputs_at = load(model, lengths)
     try:
-        tasks = extract_tasks(net, inputs)
+        tasks = extract_tasks_at(net, inputs_at.values())
     except NothingToTune as error:
         fail(str(error))
-    done = None if again else database.done_model_job(model, [task.workload for task in tasks], target_, tuner, trials)
+    name = f"{model} --seq-lens {','.join(map(str, lengths))}" if lengths else model  # other lengths: another job
+    done = None if again else database.done_model_job(name, [task.workload for task in tasks], target_, tuner, trials)
     if done:
         console.print(f"model job {done.id} already tuned this ({tuner}, {trials} trials, done "
                       f"{done.finished_at:%Y-%m-%d %H:%M}); --again spends another budget, from the stored records",
@@ -82,7 +100,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
         measurer = WaitingForHosts(make_measurer(workers), lambda error: console.print(waiting_line(error), markup=False))
         try:
             with writing_to(database), Live(console=console, transient=False) as live:
-                result = tune_tasks(tasks, target_, trials, database, tuner, measurer, name=model,
+                result = tune_tasks(tasks, target_, trials, database, tuner, measurer, name=name,
                                     on_progress=lambda progress: live.update(progress_table(progress)))
         except KeyboardInterrupt:
             console.print("interrupted: run the same command again to resume")
@@ -91,24 +109,32 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
             fail(str(error))
         finally:
             measurer.close()
-        print(f"model job {result.job_id}: {result.trials} trials over {len(tasks)} tasks of {model} on {target_}")
-    row = measure_model(model, net, inputs, database.url, str(target_), inductor=False)
-    print(f"eager PyTorch {row['eager_ms']:.2f} ms, tensortune {row['tensortune_ms']:.2f} ms "
-          f"({row['tensortune_speedup']:.2f}x), measured together in this run; max difference {row['max_error']:.1e}")
+        print(f"model job {result.job_id}: {result.trials} trials over {len(tasks)} tasks of {name} on {target_}")
+    for row in measure_at_lengths(model, net, inputs_at, database.url, str(target_), inductor=False):
+        at = f"seq_len {row['seq_len']}: " if row["seq_len"] else ""
+        print(f"{at}eager PyTorch {row['eager_ms']:.2f} ms, tensortune {row['tensortune_ms']:.2f} ms "
+              f"({row['tensortune_speedup']:.2f}x), measured together in this run; "
+              f"max difference {row['max_error']:.1e}")
 
 
 def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
+                seq_lens: Optional[str] = SEQ_LENS_OPTION,
                 db: Optional[str] = DB_OPTION,
                 target: str = TARGET_OPTION,
-                json_lines: bool = typer.Option(False, "--json", help="one JSON object per model"),
-                inductor: bool = typer.Option(True, "--inductor/--no-inductor", help="also time torch.compile's default")):
-    """Eager PyTorch, Inductor and tensortune on whole models, alternating in one run, with the max error."""
+                json_lines: bool = typer.Option(False, "--json", help="one JSON object per model and length"),
+                inductor: bool = typer.Option(True, "--inductor/--no-inductor",
+                                              help="also time torch.compile's Inductor (--no-inductor: neither mode)"),
+                max_autotune: bool = typer.Option(True, "--max-autotune/--no-max-autotune",
+                                                  help="also Inductor max-autotune with freezing (minutes to compile)")):
+    """Eager PyTorch, Inductor (default, and max-autotune with freezing) and tensortune on whole models, alternating
+    in one run, with the max error; at each of --seq-lens, each way compiled once and called at every length."""
     require_torch()
+    lengths = parse_seq_lens(seq_lens)
     from bench.model import run
 
     open_database(db).close()  # a bad --db, like a bad spec, is refused before anything is timed
-    loaded = {spec: load(spec) for spec in models}
-    run(loaded, db, target, json_lines, inductor)
+    loaded = {spec: load(spec, lengths) for spec in models}
+    run(loaded, db, target, json_lines, inductor, max_autotune)
 
 
 def bench_scheduler(model: str = typer.Argument("bert-layer", help=MODEL_HELP),
@@ -121,7 +147,8 @@ def bench_scheduler(model: str = typer.Argument("bert-layer", help=MODEL_HELP),
     require_torch()
     from bench.scheduler import run
 
-    run(model, *load(model), tuple(sorted(checkpoints)), json_lines, tuner)
+    net, inputs_at = load(model, [])
+    run(model, net, inputs_at[None], tuple(sorted(checkpoints)), json_lines, tuner)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

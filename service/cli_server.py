@@ -35,7 +35,7 @@ def request(server: Optional[str], method: str, path: str, **kwargs) -> dict | l
 def submit(op: Optional[str] = typer.Argument(None, help=f"{OP_ARGUMENT.help} (or --model)"),
            params: Optional[List[str]] = typer.Argument(None, help="NAME=VALUE parameters"),
            model: Optional[str] = typer.Option(None, "--model", help="a model preset to tune as a whole: "
-                                                                      "bert-layer, bert-base or resnet18"),
+                                                                      "bert-layer, bert-base, resnet18, hf-bert-base or hf-gpt2"),
            target: str = TARGET_OPTION,
            trials: int = typer.Option(64, "--trials", min=1, max=100_000, help="the budget; a model's, over its tasks"),
            tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),

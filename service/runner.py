@@ -45,7 +45,7 @@ class ModelsNeedTorch(RuntimeError):
 
 
 class UnknownPreset(ValueError):
-    """A model job names no preset."""
+    """A model job names no preset, or one this service cannot build (an hf- preset without transformers)."""
 
 
 def preset_tasks(name: str | None) -> tuple[TuningTask, ...]:
@@ -74,9 +74,12 @@ def runnable_models() -> tuple[str, ...] | None:
 @functools.cache
 def _extracted_tasks(name: str) -> tuple[TuningTask, ...]:
     from frontend import extract_tasks
-    from frontend.presets import PRESETS
+    from frontend.presets import PRESETS, ModelError
 
-    return tuple(extract_tasks(*PRESETS[name]()))
+    try:
+        return tuple(extract_tasks(*PRESETS[name]()))
+    except ModelError as error:
+        raise UnknownPreset(str(error)) from None
 
 
 def default_workers() -> str:

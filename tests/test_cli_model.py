@@ -28,6 +28,11 @@ def tiny():
     return Tiny().eval(), (torch.randn(4, 16),)
 
 
+def sized(seq_len=8):
+    torch.manual_seed(0)
+    return Tiny().eval(), (torch.randn(1, seq_len, 16),)
+
+
 def nothing():
     return torch.nn.Sequential(torch.nn.ReLU()), (torch.randn(3),)
 '''
@@ -178,3 +183,79 @@ def test_bench_scheduler_compares_both_strategies_at_a_checkpoint(tmp_path):
     assert all(0 < r["estimated_ms"] < 1e3 and r["eager_ms"] > 0 and r["tensortune_ms"] > 0 for r in rows)
     # ms are rounded to 3 decimals, and this model runs in tens of microseconds
     assert all(r["speedup"] == pytest.approx(r["eager_ms"] / r["tensortune_ms"], rel=0.1) for r in rows)
+
+
+def test_tune_model_tunes_every_sequence_length_under_one_budget(tmp_path):
+    """The tasks of both lengths are one model job's (the lengths, a set, name it), each measured, and the model is
+    timed at each length; the same lengths in another order are the same job, shown rather than run again."""
+    (tmp_path / "models.py").write_text(MODEL_FILE)
+    db = f"sqlite:///{tmp_path}/lengths.db"
+    request = ("tune-model", "models.py:sized", "--trials", "16", "--tuner", "random", "--target", "llvm -threads=1",
+               "--db", db)
+    tuned = run(*request, "--seq-lens", "16,8", cwd=tmp_path)
+    assert tuned.returncode == 0, tuned.stderr
+    assert "16 trials over 4 tasks of models.py:sized --seq-lens 8,16" in tuned.stdout
+    database = Database(db)
+    assert database.job(1).model == "models.py:sized --seq-lens 8,16" and database.job(1).status == "done"
+    jobs = database.children(1)  # up and down, at each length
+    assert sorted(job.workload.p["M"] for job in jobs) == [8, 8, 16, 16]
+    assert all(database.job_records(job.id) for job in jobs)
+    lines = [line for line in tuned.stdout.splitlines() if "eager PyTorch" in line]
+    assert [line.split(":")[0] for line in lines] == ["seq_len 8", "seq_len 16"]
+    assert all(float(line.split("max difference ")[-1]) < 1e-4 for line in lines)
+
+    shown = run(*request, "--seq-lens", "8,16,8", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "model job 1 already tuned this" in shown.stderr and shown.stdout.count("eager PyTorch") == 2
+
+
+def test_sequence_lengths_need_a_function_that_takes_seq_len(tmp_path):
+    (tmp_path / "models.py").write_text(MODEL_FILE)
+    fixed = run("tune-model", "models.py:tiny", "--seq-lens", "8,16", "--db", f"sqlite:///{tmp_path}/x.db",
+                cwd=tmp_path)
+    assert fixed.returncode == 2 and fixed.stderr.count("\n") == 1, fixed.stderr
+    assert "models.py: tiny() takes no seq_len" in fixed.stderr and "def tiny(seq_len=128)" in fixed.stderr
+    preset = run("bench", "model", "resnet18", "--seq-lens", "32", cwd=tmp_path)
+    assert preset.returncode == 2 and "resnet18 takes no seq_len" in preset.stderr
+    garbled = run("bench", "model", "models.py:sized", "--seq-lens", "8,x", cwd=tmp_path)
+    assert garbled.returncode == 2 and "--seq-lens 8,x: give positive whole numbers" in garbled.stderr
+    assert not any("Traceback" in refused.stderr for refused in (fixed, preset, garbled))
+
+
+def test_bench_model_times_every_way_at_every_length(tmp_path):
+    (tmp_path / "models.py").write_text(MODEL_FILE)
+    timed = run("bench", "model", "models.py:sized", "--seq-lens", "8,16", "--no-max-autotune", "--json", "--target",
+                "llvm -threads=1", "--db", f"sqlite:///{tmp_path}/b.db", cwd=tmp_path)
+    assert timed.returncode == 0, timed.stderr
+    rows = [json.loads(line) for line in timed.stdout.splitlines() if line.startswith("{")]
+    assert [(row["model"], row["seq_len"]) for row in rows] == [("models.py:sized", 8), ("models.py:sized", 16)]
+    for row in rows:
+        assert min(row["eager_ms"], row["inductor_ms"], row["tensortune_ms"]) > 0 and row["max_error"] < 1e-4
+        assert "inductor_max_autotune_ms" not in row and row["fastest_inductor"] == "inductor"
+        # ms are rounded to 3 decimals, and this model runs in tens of microseconds
+        assert row["tensortune_vs_inductor"] == pytest.approx(row["inductor_ms"] / row["tensortune_ms"], rel=0.1)
+        assert set(row["compile_seconds"]) == {"inductor", "tensortune"}
+
+
+def test_presets_are_made_at_any_sequence_length():
+    pytest.importorskip("transformers")
+    from frontend.presets import load_model
+
+    _, (hidden,) = load_model("bert-layer", seq_len=32)
+    assert hidden.shape == (1, 32, 768)
+    bert, (ids, mask) = load_model("hf-bert-base", seq_len=16)
+    assert ids.shape == mask.shape == (1, 16) and not bert.training and bert.config.hidden_size == 768
+    gpt2, (tokens,) = load_model("hf-gpt2")
+    assert tokens.shape == (1, 128) and not gpt2.training and gpt2.config.n_layer == 12
+    again, _ = load_model("hf-gpt2", seq_len=8)  # seeded: the same random weights each time
+    assert all((a == b).all() for a, b in zip(gpt2.state_dict().values(), again.state_dict().values()))
+
+
+def test_hugging_face_presets_without_transformers_say_how_to_get_it(monkeypatch):
+    pytest.importorskip("torch")
+    from frontend.presets import ModelError, load_model
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    for preset in ("hf-bert-base", "hf-gpt2"):
+        with pytest.raises(ModelError, match=rf'^{preset} needs Hugging Face transformers: pip install -e ".\[hf\]"$'):
+            load_model(preset)

@@ -114,7 +114,7 @@ def test_a_stopped_service_requeues_its_model_job_and_a_later_one_takes_it_over(
 
 
 @pytest.mark.parametrize("body, status, message", [
-    (model_body(8, "gpt-5"), 422, "unknown model preset 'gpt-5'; presets: bert-layer, bert-base, resnet18, tiny-mlp"),
+    (model_body(8, "gpt-5"), 422, "unknown model preset 'gpt-5'; presets: bert-layer, bert-base, resnet18, hf-bert-base, hf-gpt2, tiny-mlp"),
     (model_body(8) | {"workload": {"op": "matmul", "params": {"M": 8, "N": 8, "K": 8}}}, 422, "exactly one"),
     ({"target": "llvm", "trials": 8}, 422, "exactly one"),
     (model_body(8, "x" * 129), 422, "at most 128 characters"),

@@ -10,7 +10,7 @@ from serve_helpers import wait_for
 
 from db import Database
 from db.queue import JobQueue
-from search_space import Target, matmul
+from search_space import Target, dense, get_space, matmul
 from tuner.tune import tune
 from workers import Outcome
 from workers.pool import make_pool
@@ -105,6 +105,34 @@ def test_xgb_starts_from_the_other_shapes_of_the_op(tmp_path, pool):
     fresh = make_tuner(matmul(64, 32, 48), TARGET, TuneOptions(trials=8), past)
     assert fresh.model.base is not None and fresh.model.trained
     assert len(fresh.propose(8)) == 8
+
+
+def test_a_new_shape_first_measures_the_best_config_of_the_others(tmp_path, pool):
+    """Another M of a dense layer (another sequence length) starts from what the first learned: its first measured
+    config is the first shape's best (M=8's tiles all fit M=16); a shape with other options lends nothing."""
+    from tuner.tune import borrowed_configs
+
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    first = tune(dense(8, 32, 16, bias=True), TARGET, 8, "random", database, pool, batch=4, measure=FAST)
+    database.record(*measurement(dense(8, 32, 16), TARGET, 5, 1e-9))  # no bias: not the same layer
+    second, space = dense(16, 32, 16, bias=True), get_space(dense(16, 32, 16, bias=True), TARGET)
+    best = first.best[0].config.to_dict()
+    assert [config.to_dict() for config in borrowed_configs(database, second, TARGET, space)] == [best]
+    result = tune(second, TARGET, 4, "xgb", database, pool, batch=4, measure=FAST)
+    assert result.measured[0][0].config.to_dict() == best
+    assert len({i.config.index for i, _ in result.measured}) == 4  # and then the tuner's own proposals
+
+
+def test_a_config_of_another_shape_is_fitted_to_the_nearest_valid_one():
+    """M=16's 16-row tile does not fit M=8: the nearest tile that does, 8 rows, every other knob kept."""
+    from db.matching import fit_config
+
+    large, small = get_space(dense(16, 32, 16), TARGET), get_space(dense(8, 32, 16), TARGET)
+    config = next(c for c in large if c["tile_m"] == (-1, 16, 1))
+    fitted = fit_config(small, config)
+    assert fitted["tile_m"] == (-1, 8, 1)
+    assert {k: v for k, v in fitted.values if k != "tile_m"} == {k: v for k, v in config.values if k != "tile_m"}
+    assert fit_config(large, fitted).to_dict() == fitted.to_dict()  # what fits is taken as it is
 
 
 def test_a_killed_tune_resumes_without_repeating_a_config(tmp_path):

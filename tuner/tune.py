@@ -12,10 +12,11 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from db import Database
+from db.matching import fit_config
 from db.job_locks import Claim
 from db.outage import unavailable, wait_until_reachable
 from db.queue import JobQueue
-from search_space import ConfigSpace, Target, Workload, get_space
+from search_space import Config, ConfigSpace, Target, Workload, get_space
 from workers import MeasureInput, MeasureResult
 from workers.pool import NoWorkerHost, Pool, make_pool
 from workers.task import MeasureOptions, Task
@@ -35,7 +36,9 @@ class TuneOptions:
     batch: int = 4
     early_stopping: int | None = None  # stop after this many trials without a better config
     seed: int = 0
-    transfer: bool = True  # xgb: start from a model of the op's other shapes in the database
+    # start from the op's other shapes in the database: the best config of each measured first, and (xgb) a
+    # base cost model of their measurements
+    transfer: bool = True
     measure: MeasureOptions = field(default_factory=MeasureOptions)
     # start from the database's other measurements of this workload on this target: none of their configs is
     # measured again, and the tuner (xgb's cost model) has observed them all before its first proposal
@@ -75,6 +78,42 @@ def history(database: Database, workload: Workload, target: Target, limit: int =
         x = np.stack([features(other, target, space, r.input.config, "itervar") for r in records])
         found.append((x, np.array([r.result.gflops for r in records])))
     return found
+
+
+BORROWED = 8  # other shapes whose best config a new job measures first, the nearest in size first
+
+
+def borrowed_configs(database: Database, workload: Workload, target: Target, space: ConfigSpace) -> list[Config]:
+    """The best stored config of each other shape of the op with the same options and dtype on the target (up to
+    BORROWED, the nearest in size first), fitted into `space`: what a new shape (another sequence length) measures
+    before its tuner's own proposals, so that its first configs are the ones known to be good."""
+    found: dict[int, Config] = {}
+    for other in database.nearest_shapes(workload, target)[:BORROWED]:
+        best = database.best(other, target)
+        fitted = fit_config(space, best[0].input.config) if best else None
+        if fitted is not None:
+            found.setdefault(fitted.index, fitted)
+    return list(found.values())
+
+
+class Borrowing:
+    """A tuner whose proposals start with `first` (configs it has not seen), then go on as its own."""
+
+    def __init__(self, tuner: Tuner, first: Sequence[Config]):
+        self.tuner, self.first = tuner, [config for config in first if config.index not in tuner.visited]
+
+    def propose(self, n: int) -> list[Config]:
+        taken, self.first = self.first[:n], self.first[n:]
+        if len(taken) == n:
+            return taken
+        chosen = {config.index for config in taken}
+        return taken + [config for config in self.tuner.propose(n - len(taken)) if config.index not in chosen]
+
+    def observe(self, configs: Sequence[Config], results: Sequence[MeasureResult]) -> None:
+        self.tuner.observe(configs, results)
+
+    def has_next(self) -> bool:
+        return self.tuner.has_next()
 
 
 def make_tuner(workload: Workload, target: Target, options: TuneOptions, past: Sequence[tuple] = (),
@@ -195,8 +234,9 @@ def measuring(pool: Pool | str) -> Iterator[Pool]:
 class JobSearch:
     """One job's search, measured a few trials at a time (`step`), keeping its tuner between steps. It starts
     from the job's records (and, with `options.known`, the workload's other records on the target); its tuner
-    is built at the first step, from them and, for xgb, from the op's other shapes in the database (so a
-    model's task tuned later learns from the tasks measured before it)."""
+    is built at the first step, from them and, with `options.transfer`, from the op's other shapes in the
+    database: their best configs are measured first, and xgb's cost model starts from their measurements (so a
+    model's task tuned later, another sequence length of a layer, learns from the tasks measured before it)."""
 
     def __init__(self, job_id: int, workload: Workload, target: Target, options: TuneOptions, database: Database,
                  on_result: Callable[[MeasureInput, MeasureResult], None] | None = None):
@@ -207,16 +247,20 @@ class JobSearch:
         self.known = [(r.input, r.result) for r in known]
         self.result = TuneResult(job_id, done, len(done), len(known))
         self.tuner: Tuner | None = None
+        self.search: Borrowing | None = None  # the tuner, proposing the other shapes' best configs first
 
-    def _built_tuner(self) -> Tuner:
-        if self.tuner is None:
-            transfer = self.options.tuner == "xgb" and self.options.transfer
-            past = history(self.database, self.workload, self.target) if transfer else []
+    def _built_search(self) -> Borrowing:
+        if self.search is None:
+            transfer = self.options.transfer
+            xgb_transfer = transfer and self.options.tuner == "xgb"
+            past = history(self.database, self.workload, self.target) if xgb_transfer else []
             self.tuner = make_tuner(self.workload, self.target, self.options, past)
             seen = self.known + self.result.measured
             if seen:
                 self.tuner.observe([i.config for i, _ in seen], [r for _, r in seen])
-        return self.tuner
+            borrowed = borrowed_configs(self.database, self.workload, self.target, self.tuner.space) if transfer else []
+            self.search = Borrowing(self.tuner, borrowed)
+        return self.search
 
     def _record(self, measure_input: MeasureInput, measured: MeasureResult) -> None:
         self.database.record(measure_input, measured, self.result.job_id)
@@ -226,7 +270,7 @@ class JobSearch:
     def step(self, pool: Pool, trials: int, stop: Callable[[], bool] = lambda: False) -> bool:
         """Measure until the job holds `trials` results (see `search_loop`); whether `stop()` ended it."""
         options = replace(self.options, trials=trials)
-        return search_loop(self._built_tuner(), pool, self.workload, self.target, options, self.result.measured,
+        return search_loop(self._built_search(), pool, self.workload, self.target, options, self.result.measured,
                            self._record, stop)
 
 
