@@ -120,17 +120,25 @@ def tensors(output) -> list:
 
 
 def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool, inductor: bool = True,
-        max_autotune: bool = False) -> list[dict]:
+        max_autotune: bool = False, profile: bool = False) -> list[dict]:
     """Time each of `models` (name → (model, inputs by sequence length), as frontend.presets.load_model_at gives
-    them): one row per model and length."""
+    them): one row per model and length; with `profile`, each row also holds its tuned ops' times beside
+    PyTorch's (bench.profile) and each way's time outside them."""
+    from .profile import outside, print_profile, profile_model
+
     rows = []
     for name, (model, inputs_at) in models.items():
         for row in measure_at_lengths(name, model, inputs_at, db, target, inductor=inductor, max_autotune=max_autotune):
+            if profile:
+                row["profile"] = profile_model(model, inputs_at[row["seq_len"]], db, target)
+                row["outside_ms"] = outside(row, row["profile"])
             rows.append(row)
             if json_lines:
                 print(json.dumps(row), flush=True)
     if not json_lines:
         print_table(rows)
+        for row in rows if profile else []:
+            print_profile(row)
     return rows
 
 

@@ -18,9 +18,11 @@ runs it op by op.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 
 import torch
 from torch import fx
+from torch.autograd import profiler
 
 from search_space import Target
 
@@ -47,11 +49,13 @@ class TunedOp(torch.nn.Module):
         return tuple(self.form.result_shape(*(activation.shape for activation in activations)))
 
     def forward(self, *activations: torch.Tensor) -> torch.Tensor:
-        """Dtypes and ranks were checked when the graph was matched, and Dynamo guards them."""
+        """Dtypes and ranks were checked when the graph was matched, and Dynamo guards them. Under torch.profiler
+        the kernel's time is an event named by its workload (bench model --profile reads them)."""
         run = self.sizes.run(tuple(activation.shape for activation in activations))
         tensors = [a.detach().reshape(shape).contiguous() for a, shape in zip(activations, run.inputs)]
         out = torch.empty(run.output, dtype=torch.float32)
-        run.call(*(t.data_ptr() for t in tensors), out.data_ptr())
+        with torch.profiler.record_function(run.name) if profiler._is_profiler_enabled else nullcontext():
+            run.call(*(t.data_ptr() for t in tensors), out.data_ptr())
         return out.view(run.result)
 
     def extra_repr(self) -> str:

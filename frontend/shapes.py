@@ -166,6 +166,7 @@ class Run:
     output: tuple[int, ...]  # the kernel's result
     result: tuple[int, ...]  # that result as the model shapes it
     kernel: object  # the bound kernel: keeps the call's memory alive, and says which config it runs
+    name: str  # what a profiler calls its time: `tensortune ` and the workload's key
 
 
 class ShapeDispatch:
@@ -193,6 +194,6 @@ class ShapeDispatch:
             weights = set(workload.weight_names())
             inputs = tuple(shape for name, shape in workload.operand_shapes() if name not in weights)
             result = tuple(self.form.result_shape(*shapes))
-            run = Run(bound.address_call(), inputs, workload.output_shape, result, bound)
+            run = Run(bound.address_call(), inputs, workload.output_shape, result, bound, f"tensortune {workload.key}")
             self.runs[tuple(shapes)] = run
             return run

@@ -125,7 +125,9 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
                 inductor: bool = typer.Option(True, "--inductor/--no-inductor",
                                               help="also time torch.compile's Inductor (--no-inductor: neither mode)"),
                 max_autotune: bool = typer.Option(True, "--max-autotune/--no-max-autotune",
-                                                  help="also Inductor max-autotune with freezing (minutes to compile)")):
+                                                  help="also Inductor max-autotune with freezing (minutes to compile)"),
+                profile: bool = typer.Option(False, "--profile", help="each tuned op's time beside PyTorch's for it, "
+                                             "the largest loss first, and the time outside the tuned ops")):
     """Eager PyTorch, Inductor (default, and max-autotune with freezing) and tensortune on whole models, alternating
     in one run, with the max error; at each of --seq-lens, each way compiled once and called at every length."""
     require_torch()
@@ -134,7 +136,7 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
 
     open_database(db).close()  # a bad --db, like a bad spec, is refused before anything is timed
     loaded = {spec: load(spec, lengths) for spec in models}
-    run(loaded, db, target, json_lines, inductor, max_autotune)
+    run(loaded, db, target, json_lines, inductor, max_autotune, profile)
 
 
 def bench_scheduler(model: str = typer.Argument("bert-layer", help=MODEL_HELP),

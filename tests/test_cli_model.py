@@ -237,6 +237,32 @@ def test_bench_model_times_every_way_at_every_length(tmp_path):
         assert set(row["compile_seconds"]) == {"inductor", "tensortune"}
 
 
+def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_outside(tmp_path):
+    """Tiny's two tasks, each per call in the model and alone beside PyTorch's, sorted by loss; what they leave of
+    each way's model time is outside them; the table says the same."""
+    (tmp_path / "models.py").write_text(MODEL_FILE)
+    words = ("bench", "model", "models.py:tiny", "--profile", "--no-inductor", "--target", "llvm -threads=1", "--db",
+             f"sqlite:///{tmp_path}/p.db")
+    timed = run(*words, "--json", cwd=tmp_path)
+    assert timed.returncode == 0, timed.stderr
+    row = json.loads(timed.stdout.splitlines()[-1])
+    ops = row["profile"]
+    assert [op["workload"] for op in sorted(ops, key=lambda op: op["workload"])] == [
+        "dense(M=4,N=32,K=16,bias=true,epilogue=relu,dtype=float32)", "dense(M=4,N=8,K=32,bias=true,dtype=float32)"]
+    assert [op["loss_ms"] for op in ops] == sorted((op["loss_ms"] for op in ops), reverse=True)
+    for op in ops:
+        assert op["weight"] == 1 and min(op["in_model_us"], op["tensortune_us"], op["torch_us"]) > 0
+        assert op["loss_ms"] == pytest.approx((op["tensortune_us"] - op["torch_us"]) / 1e3, abs=2e-3)
+    in_model = sum(op["in_model_us"] for op in ops) / 1e3  # the kernels as profiled in the model
+    assert row["outside_ms"]["tensortune"] == pytest.approx(row["tensortune_ms"] - in_model, abs=2e-3)
+    assert row["outside_ms"]["eager"] == pytest.approx(row["eager_ms"] - sum(op["torch_us"] for op in ops) / 1e3,
+                                                       abs=2e-3)
+    table = run(*words, cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert "dense M=4 N=32 K=16 bias=true epilogue=relu" in table.stdout
+    assert "outside the tuned ops: tensortune" in table.stdout
+
+
 def test_presets_are_made_at_any_sequence_length():
     pytest.importorskip("transformers")
     from frontend.presets import load_model

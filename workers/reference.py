@@ -64,8 +64,15 @@ def torch_conv2d(p: dict, data, weight, *extra):
     out = F.conv2d(data, weight, extra.pop(0) if p["bias"] else None, p["stride"], p["pad"])
     if p["residual"]:
         out = out + extra.pop(0)
+    return torch_epilogue(p["epilogue"])(out)
+
+
+def torch_epilogue(name: str) -> Callable:
+    """The PyTorch operator an epilogue stands for: eager runs it after the product, as an operator of its own."""
+    import torch.nn.functional as F
+
     return {"none": lambda y: y, "relu": F.relu, "gelu": lambda y: F.gelu(y, approximate="tanh"),
-            "gelu_erf": F.gelu}[p["epilogue"]](out)
+            "gelu_erf": F.gelu}[name]
 
 
 def head_to_head(calls: dict[str, Callable], threads: int, rounds: int = 5, min_repeat_ms: float = 20.0,

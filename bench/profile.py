@@ -1,0 +1,108 @@
+"""`tensortune bench model MODEL --profile`: where a model's time goes, before anything is changed to win it back.
+
+Each tuned op of the model (a task, as extract_tasks finds it) is timed three ways in one run: in the model, as
+torch.profiler sees the tensortune backend's kernels run (weights coming from memory, threads woken between
+PyTorch's operators); alone, its kernel with the config the backend picks, weights bound; and alone, the PyTorch
+operators eager runs for it (dense's bias and activation included), alternating with the kernel. Counted as often
+as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the kernels do
+not account for of tensortune's time in the model is the time outside them; eager's is estimated from its
+operators' times alone."""
+from __future__ import annotations
+
+from typing import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from search_space import Target, Workload
+from workers.reference import head_to_head, inference_call, torch_conv2d, torch_epilogue
+
+PREFIX = "tensortune "  # the backend's profiler events: this and the workload's key
+FORWARDS = 10  # profiled forward passes
+
+
+def torch_op(workload: Workload, tensors: list) -> Callable:
+    """What eager PyTorch runs for the workload, as a zero-argument call on `tensors` (its inputs, in order)."""
+    import torch
+    import torch.nn.functional as F
+
+    if workload.op == "dense":
+        x, w, *bias = tensors
+        return lambda: torch_epilogue(workload.p["epilogue"])(F.linear(x, w, *bias))
+    if workload.op == "conv2d":
+        return lambda: torch_conv2d(workload.p, *tensors)
+    return lambda: torch.matmul(*tensors)
+
+
+def in_model_seconds(compiled, inputs: tuple) -> dict[str, float]:
+    """Seconds per call of each tuned kernel (by workload key) over FORWARDS calls of the compiled model."""
+    import torch
+
+    compiled(*inputs)  # compiled and warm before the profile
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        for _ in range(FORWARDS):
+            compiled(*inputs)
+    return {event.key[len(PREFIX):]: event.cpu_time_total / event.count / 1e6
+            for event in profile.key_averages() if event.key.startswith(PREFIX)}
+
+
+def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str) -> list[dict]:
+    """Per task: µs per call in the model and alone, PyTorch's alone, and the ms per forward pass tensortune
+    loses alone (negative: wins); the largest loss first."""
+    import torch
+
+    from frontend.shapes import Kernels
+
+    target_ = Target.parse(target)
+    kernels = Kernels(db, target_)
+    kernels.prepare(task.workload for task in tasks)
+    rows = []
+    for task in tasks:
+        inputs = task.workload.random_inputs()
+        tuned, _ = inference_call(kernels.get(task.workload), inputs)
+        seconds = head_to_head({"tensortune": tuned,
+                                "torch": torch_op(task.workload, [torch.from_numpy(a) for a in inputs])},
+                               target_.threads, rounds=3)
+        key = task.workload.key
+        rows.append({"workload": key, "weight": task.weight,
+                     "in_model_us": round(in_model[key] * 1e6, 1) if key in in_model else None,
+                     "tensortune_us": round(seconds["tensortune"] * 1e6, 1), "torch_us": round(seconds["torch"] * 1e6, 1),
+                     "loss_ms": round(task.weight * (seconds["tensortune"] - seconds["torch"]) * 1e3, 3)})
+    return sorted(rows, key=lambda row: -row["loss_ms"])
+
+
+def outside(model_row: dict, ops: list[dict]) -> dict:
+    """Each way's model time not spent in the tuned ops, in ms: tensortune's from its kernels' times in the model,
+    eager's from its operators' times alone."""
+    kernels = sum(op["weight"] * (op["in_model_us"] or 0.0) for op in ops) / 1e3
+    operators = sum(op["weight"] * op["torch_us"] for op in ops) / 1e3
+    return {"tensortune": round(model_row["tensortune_ms"] - kernels, 3), "eager": round(model_row["eager_ms"] - operators, 3)}
+
+
+def profile_model(model, inputs: tuple, db: str | None, target: str) -> list[dict]:
+    """`profile_tasks` of the model at these inputs, its kernels profiled in a tensortune-compiled copy."""
+    import torch
+
+    from frontend import extract_tasks
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tensortune", options={"db": db, "target": target})
+    with torch.inference_mode():
+        in_model = in_model_seconds(compiled, inputs)
+    return profile_tasks(extract_tasks(model, inputs), in_model, db, target)
+
+
+def print_profile(row: dict) -> None:
+    at = f" at sequence length {row['seq_len']}" if row["seq_len"] else ""
+    table = Table(title=f"{row['model']}{at}: each tuned op per call, in the model and alone beside PyTorch's "
+                        f"operators for it (same run), the largest loss per forward pass first", title_justify="left")
+    for column in ("weight", "workload", "in model µs", "alone µs", "PyTorch µs", "speedup alone", "loss ms/forward"):
+        table.add_column(column)
+    for op in row["profile"]:
+        in_model = f"{op['in_model_us']:.1f}" if op["in_model_us"] is not None else "-"
+        table.add_row(str(op["weight"]), Workload.from_key(op["workload"]).label, in_model, f"{op['tensortune_us']:.1f}",
+                      f"{op['torch_us']:.1f}", f"{op['torch_us'] / op['tensortune_us']:.2f}x", f"{op['loss_ms']:+.3f}")
+    Console().print(table)
+    print(f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms of {row['tensortune_ms']:.2f} "
+          f"(its kernels as profiled in the model), eager {row['outside_ms']['eager']:.2f} ms of {row['eager_ms']:.2f} "
+          "(its operators as timed alone)")
