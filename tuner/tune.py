@@ -16,7 +16,7 @@ from db.matching import fit_config
 from db.job_locks import Claim
 from db.outage import unavailable, wait_until_reachable
 from db.queue import JobQueue
-from search_space import Config, ConfigSpace, Target, Workload, get_space
+from search_space import Config, ConfigSpace, Target, Workload, fallback_config, get_space
 from workers import MeasureInput, MeasureResult
 from workers.pool import NoWorkerHost, Pool, make_pool
 from workers.task import MeasureOptions, Task
@@ -97,10 +97,11 @@ def borrowed_configs(database: Database, workload: Workload, target: Target, spa
 
 
 class Borrowing:
-    """A tuner whose proposals start with `first` (configs it has not seen), then go on as its own."""
+    """A tuner whose proposals start with `first` (each once, those it has not seen), then go on as its own."""
 
     def __init__(self, tuner: Tuner, first: Sequence[Config]):
-        self.tuner, self.first = tuner, [config for config in first if config.index not in tuner.visited]
+        unseen = {config.index: config for config in first if config.index not in tuner.visited}
+        self.tuner, self.first = tuner, list(unseen.values())
 
     def propose(self, n: int) -> list[Config]:
         taken, self.first = self.first[:n], self.first[n:]
@@ -235,8 +236,9 @@ class JobSearch:
     """One job's search, measured a few trials at a time (`step`), keeping its tuner between steps. It starts
     from the job's records (and, with `options.known`, the workload's other records on the target); its tuner
     is built at the first step, from them and, with `options.transfer`, from the op's other shapes in the
-    database: their best configs are measured first, and xgb's cost model starts from their measurements (so a
-    model's task tuned later, another sequence length of a layer, learns from the tasks measured before it)."""
+    database: their best configs are measured first, then the template's fallback (so a tuned config is never
+    worse than none), and xgb's cost model starts from their measurements (so a model's task tuned later,
+    another sequence length of a layer, learns from the tasks measured before it)."""
 
     def __init__(self, job_id: int, workload: Workload, target: Target, options: TuneOptions, database: Database,
                  on_result: Callable[[MeasureInput, MeasureResult], None] | None = None):
@@ -259,7 +261,8 @@ class JobSearch:
             if seen:
                 self.tuner.observe([i.config for i, _ in seen], [r for _, r in seen])
             borrowed = borrowed_configs(self.database, self.workload, self.target, self.tuner.space) if transfer else []
-            self.search = Borrowing(self.tuner, borrowed)
+            default = fallback_config(self.workload, self.target)  # never tune to worse than not tuning
+            self.search = Borrowing(self.tuner, borrowed + [default])
         return self.search
 
     def _record(self, measure_input: MeasureInput, measured: MeasureResult) -> None:
