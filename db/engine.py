@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
+import time
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
@@ -45,9 +47,23 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     """WAL lets readers run beside a writer; the busy timeout makes concurrent writers wait, not fail."""
     cursor = dbapi_connection.cursor()
     cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_SECONDS * 1000}")
-    cursor.execute("PRAGMA journal_mode = WAL")
+    _write_ahead_log(cursor)
     cursor.execute("PRAGMA foreign_keys = ON")
     cursor.close()
+
+
+def _write_ahead_log(cursor) -> None:
+    """Switch the file to WAL (it stays so), waiting out a busy file: processes opening a new database at once
+    race to switch it, and SQLite may answer the losers `database is locked` without calling its busy handler."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def read_engine(engine: Engine) -> Engine:
