@@ -340,7 +340,9 @@ MATCHERS = ((LINEAR, (), match_linear), (ADDMM, ("addmm",), match_addmm),
 def find_matches(captured: Captured) -> list[Match]:
     """Every node chain of the graph a tensortune kernel computes, in graph order. The ops PyTorch runs instead
     (a size that must be fixed varies, or no workload can have these sizes) are named in one line per reason."""
-    from .rewrites import rewrite; rewrite(captured)  # imported here: rewrites builds on this module
+    from .rewrites import rewrite  # imported here: rewrites builds on this module
+
+    rewrite(captured)
     found, scan, refused = [], Scan(captured), {}
     for node in captured.graph.graph.nodes:
         if node in scan.taken:

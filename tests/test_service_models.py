@@ -125,6 +125,14 @@ def test_bad_model_requests_get_precise_errors(tmp_path, body, status, message):
     response = client.post("/api/jobs", json=body)
     assert response.status_code == status and message in response.text
 
+def test_a_hugging_face_preset_without_transformers_is_refused_saying_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what `import transformers` meets where it is absent
+    client = TestClient(create_app(Database(f"sqlite:///{tmp_path}/models.db")))
+    response = client.post("/api/jobs", json=model_body(8, "hf-gpt2"))
+    assert response.status_code == 422
+    assert response.json()["detail"] == 'hf-gpt2 needs Hugging Face transformers: pip install -e ".[hf]"'
+
+
 
 def test_without_pytorch_a_model_job_is_refused_and_a_queued_one_fails_with_one_line(tmp_path, monkeypatch):
     database = Database(f"sqlite:///{tmp_path}/models.db")
