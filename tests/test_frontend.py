@@ -354,3 +354,13 @@ def test_a_file_function_that_returns_the_wrong_thing_is_named(tmp_path):
         load_model(f"{tmp_path}/models.py:wrong")
     model, inputs = load_model(f"{tmp_path}/models.py:right")
     assert [t.workload for t in extract_tasks(model, inputs)] == [Workload.make("dense", M=2, N=4, K=4, bias=True)]
+
+
+def test_the_bench_transformer_block_is_one_qkv_dense_two_attention_products_and_three_denses():
+    """bench/transformer_block.py, the plain-PyTorch model issue-style figures are taken on, as tune-model loads it:
+    Q, K and V fused (N = 3 × 512), SDPA's two products over 8 heads, the output and the GELU feed-forward."""
+    model, inputs = load_model("bench/transformer_block.py:make", seq_len=32)
+    assert {task.workload: task.weight for task in extract_tasks(model, inputs)} == {
+        dense(32, 1536, 512, bias=True): 1, dense(32, 512, 512, bias=True): 1,
+        dense(32, 2048, 512, bias=True, epilogue="gelu_erf"): 1, dense(32, 512, 2048, bias=True): 1,
+        batch_matmul(8, 32, 32, 64): 1, batch_matmul(8, 32, 64, 32): 1}
