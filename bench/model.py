@@ -45,11 +45,18 @@ def ways(model, db: str | None, target: str, inductor: bool, max_autotune: bool)
 
 
 def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None, target: str = "llvm",
-                       rounds: int = 5, inductor: bool = True, max_autotune: bool = False) -> list[dict]:
+                       rounds: int = 5, inductor: bool = True, max_autotune: bool = False,
+                       profile: bool = False) -> list[dict]:
     """One row per entry of `inputs_at` (sequence length → example inputs, as frontend.presets.load_model_at gives
     them): each way's latency (ms) and its ratio to eager, tensortune's against the faster Inductor way, the
-    seconds each way took to compile (its first calls), and tensortune's largest difference from eager."""
+    seconds each way took to compile (its first calls), and tensortune's largest difference from eager; with
+    `profile`, its tuned ops' times in the model (the tensortune way's own kernels) and alone beside PyTorch's
+    (bench.profile), and each way's time outside them."""
     import torch
+
+    from frontend import extract_tasks
+
+    from .profile import in_model_seconds, outside, profile_tasks
 
     threads = Target.parse(target).threads
     torch.set_num_threads(threads)
@@ -57,7 +64,9 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
     runs = ways(model, db, target, inductor, max_autotune)
     outputs, compile_seconds = {}, {}
     # Dynamo's recompile limit (8) counts every way's graphs together, a static one and a dynamic one each
-    recompiles = torch._dynamo.config.patch(recompile_limit=max(8, len(runs) * (len(inputs_at) + 1)))
+    # (and extract_tasks's capture, one per length, when profiling)
+    graphs = len(runs) * (len(inputs_at) + 1) + (len(inputs_at) if profile else 0)
+    recompiles = torch._dynamo.config.patch(recompile_limit=max(8, graphs))
     with recompiles, torch.inference_mode():
         for way, how in runs.items():
             start = time.perf_counter()
@@ -70,6 +79,10 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
             seconds = head_to_head(calls, threads, rounds=rounds, min_repeat_ms=200)
             rows.append(timing_row(name, length, threads, target, seconds, compile_seconds,
                                    max_difference(outputs["tensortune"][length], outputs["eager"][length])))
+        for row, inputs in zip(rows if profile else [], inputs_at.values()):  # after timing: it adds graphs
+            in_model = in_model_seconds(runs["tensortune"].run, inputs)
+            row["profile"] = profile_tasks(extract_tasks(model, inputs), in_model, db, target)
+            row["outside_ms"] = outside(row, row["profile"])
     return rows
 
 
@@ -124,14 +137,12 @@ def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool,
     """Time each of `models` (name → (model, inputs by sequence length), as frontend.presets.load_model_at gives
     them): one row per model and length; with `profile`, each row also holds its tuned ops' times beside
     PyTorch's (bench.profile) and each way's time outside them."""
-    from .profile import outside, print_profile, profile_model
+    from .profile import print_profile
 
     rows = []
     for name, (model, inputs_at) in models.items():
-        for row in measure_at_lengths(name, model, inputs_at, db, target, inductor=inductor, max_autotune=max_autotune):
-            if profile:
-                row["profile"] = profile_model(model, inputs_at[row["seq_len"]], db, target)
-                row["outside_ms"] = outside(row, row["profile"])
+        for row in measure_at_lengths(name, model, inputs_at, db, target, inductor=inductor, max_autotune=max_autotune,
+                                      profile=profile):
             rows.append(row)
             if json_lines:
                 print(json.dumps(row), flush=True)

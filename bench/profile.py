@@ -79,19 +79,6 @@ def outside(model_row: dict, ops: list[dict]) -> dict:
     return {"tensortune": round(model_row["tensortune_ms"] - kernels, 3), "eager": round(model_row["eager_ms"] - operators, 3)}
 
 
-def profile_model(model, inputs: tuple, db: str | None, target: str) -> list[dict]:
-    """`profile_tasks` of the model at these inputs, its kernels profiled in a tensortune-compiled copy."""
-    import torch
-
-    from frontend import extract_tasks
-
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="tensortune", options={"db": db, "target": target})
-    with torch.inference_mode():
-        in_model = in_model_seconds(compiled, inputs)
-    return profile_tasks(extract_tasks(model, inputs), in_model, db, target)
-
-
 def print_profile(row: dict) -> None:
     at = f" at sequence length {row['seq_len']}" if row["seq_len"] else ""
     table = Table(title=f"{row['model']}{at}: each tuned op per call, in the model and alone beside PyTorch's "

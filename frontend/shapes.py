@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Union
 import numpy as np
 import torch
 
-from db import Database, apply_history_best
+from db import Database, HistoryBest
 from db.history import StoredConfig
 from search_space import Target, Workload, fallback_config
 from search_space.workload import conv2d_output
@@ -115,11 +115,13 @@ def first_sight_line(workload: Workload, found: StoredConfig | None, target: Tar
 
 class Kernels:
     """The kernels of one compiled graph, one per workload, each built once (ops of one workload share it and
-    bind their own weights). The database is opened only to choose configs, not held between calls."""
+    bind their own weights). The database is opened at the first choice and kept: a served model meets new sizes
+    all its life, and opening it (an engine, the schema's revision checked) costs more than the lookup."""
 
     def __init__(self, db, target: Target):
         self.db, self.target = db, target
         self.built: dict[Workload, object] = {}
+        self._history: HistoryBest | None = None
         self._lock = threading.Lock()
 
     def prepare(self, workloads: Iterable[Workload]) -> None:
@@ -149,8 +151,9 @@ class Kernels:
     def _choose(self, workloads: list[Workload]) -> dict[Workload, StoredConfig | None]:
         if not workloads:
             return {}
-        with Database(self.db) as database, apply_history_best(database) as history:
-            return {workload: history.query_nearest(workload, self.target) for workload in workloads}
+        if self._history is None:
+            self._history = HistoryBest(Database(self.db).read_sessions)
+        return {workload: self._history.query_nearest(workload, self.target) for workload in workloads}
 
     def _build(self, workload: Workload, found: StoredConfig | None):
         config = found.config if found is not None else fallback_config(workload, self.target)
