@@ -115,6 +115,7 @@ def bench_transfer(trials: int = typer.Option(64, "--trials", min=8, help="measu
 
 # Commands of other modules; imported here, after `app` and the helpers they use exist.
 from .cli_model import register as _register_model  # noqa: E402
+from .cli_predict import register as _register_predict  # noqa: E402
 from .cli_records import register as _register_records  # noqa: E402
 from .cli_serve import register as _register_serve  # noqa: E402
 from .cli_server import register as _register_server  # noqa: E402
@@ -125,6 +126,7 @@ _register_tune(app)
 _register_serve(app)
 _register_server(app)
 _register_model(app, bench_app)
+_register_predict(app, bench_app)
 
 
 def main() -> None:

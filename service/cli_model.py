@@ -79,7 +79,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
     from frontend import NothingToTune
     from frontend.tasks import extract_tasks_at
     from tuner.scheduler import tune_tasks
-    from tuner.tune import JobFailed
+    from tuner.tune import JobFailed, time_split
 
     from .host_waits import WaitingForHosts, waiting_line
     from .runner import make_measurer
@@ -110,6 +110,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
         finally:
             measurer.close()
         print(f"model job {result.job_id}: {result.trials} trials over {len(tasks)} tasks of {name} on {target_}")
+        print(f"time: {time_split(result.seconds)}")
     for row in measure_at_lengths(model, net, inputs_at, database.url, str(target_), inductor=False):
         at = f"seq_len {row['seq_len']}: " if row["seq_len"] else ""
         print(f"{at}eager PyTorch {row['eager_ms']:.2f} ms, tensortune {row['tensortune_ms']:.2f} ms "

@@ -58,7 +58,7 @@ def tune(op: str = OP_ARGUMENT,
     from db.queue import JobBusy
     from search_space import NoTemplate, get_space
     from tuner import TUNERS
-    from tuner.tune import JobFailed, TuneResult
+    from tuner.tune import JobFailed, TuneResult, time_split
     from tuner.tune import tune as run_tune
     from workers.pool import NoWorkerHost
 
@@ -124,6 +124,7 @@ def tune(op: str = OP_ARGUMENT,
         measurer.close()
     known = f"; started from {result.known} stored measurements, none remeasured" if result.known else ""
     print(f"job {result.job_id}: {len(result.measured)} trials ({result.resumed} resumed{known})")
+    print(f"time: {time_split(result.seconds)}")
     if result.best is None:
         print(f"this job measured no config ok (outcomes: {dict(counts)})")
     else:

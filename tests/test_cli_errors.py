@@ -169,6 +169,7 @@ def test_a_resumed_tune_shows_the_jobs_best_including_the_resumed_records(tmp_pa
     bar = next(line for line in output.splitlines() if "3/3" in line and "GFLOPS" in line)
     assert f"resuming job {job}: 1 of 3 trials already measured" in output
     assert f"best {workload.flops / 1e-9 / 1e9:6.1f} GFLOPS" in bar, bar
+    assert "time: tuner " in output and "measuring" in output and "writing records" in output
 
 
 def test_a_job_another_process_runs_is_refused_before_anything_else_is_printed(tmp_path):

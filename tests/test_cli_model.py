@@ -2,6 +2,7 @@
 (a tensor, tuples, lists, dicts, a Hugging Face ModelOutput), and their refusals."""
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -88,6 +89,8 @@ def test_tune_model_tunes_every_task_then_times_the_model(tmp_path):
                 "--db", db, cwd=tmp_path)
     assert tuned.returncode == 0, tuned.stderr
     assert "12 trials over 2 tasks of models.py:tiny" in tuned.stdout
+    assert re.search(r"^time: tuner [\d.]+ s \(\d+% of [\d.]+ s\), measuring [\d.]+ s, writing records [\d.]+ s$",
+                     tuned.stdout, re.M), tuned.stdout
     assert "eager PyTorch" in tuned.stdout and "tensortune" in tuned.stdout and "Traceback" not in tuned.stderr
     database = Database(db)
     assert database.job(1).model == "models.py:tiny" and database.job(1).status == "done"

@@ -107,6 +107,7 @@ def test_tune_tasks_spends_the_budget_where_it_cuts_the_most(tmp_path, pool):
     assert [len(indices) for indices in records_per_job(database, result)] == spent
     assert [p.trials for p in seen] == [0, 4, 8, 12, 16, 20, 24, 26]
     assert len(result.curve) == 7 and result.curve[-1] == seen[-1].latency
+    assert sum(result.seconds.values()) == pytest.approx(result.wall) and min(result.seconds.values()) > 0
     assert seen[-1].latency == pytest.approx(sum(p.weight * p.best_seconds for p in seen[-1].tasks))
     parent = database.job(result.job_id)
     assert (parent.model, parent.trials, parent.status, parent.workload) == ("tiny", 26, "done", HEAVY)

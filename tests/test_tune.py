@@ -38,6 +38,9 @@ def test_tune_records_every_trial_once(tmp_path, pool, tuner):
     assert database.job(result.job_id).status == "done"
     stored = [r.result.gflops for r in records]
     assert result.curve == [max(stored[:n + 1]) for n in range(20)] and result.curve[-1] == result.best[1].gflops > 0
+    # every trial's measuring time is within the pool's share of the run
+    assert set(result.seconds) == {"measure", "tuner", "record"} and min(result.seconds.values()) > 0
+    assert result.seconds["measure"] >= sum(r.result.median for r in records)
 
 
 def trials_since_best(gflops: list[float]) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -64,11 +65,19 @@ class TasksResult:
     job_id: int  # the model job
     tasks: list[TuneResult]  # per task, in the order given: its job, what it measured, its best
     curve: list[float]  # the model's estimated seconds after each batch of this run
+    wall: float = 0.0  # seconds the run's schedule took
 
     @property
     def trials(self) -> int:
         """Spent in all, resumed ones included."""
         return sum(len(task.measured) for task in self.tasks)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """TuneResult.seconds of the whole run: the tasks' measuring and record writing, and as the tuner's
+        everything else the schedule spent (the tasks' models and searches, and choosing the next task)."""
+        spent = {phase: sum(task.seconds[phase] for task in self.tasks) for phase in ("measure", "record")}
+        return {"measure": spent["measure"], "tuner": max(0.0, self.wall - sum(spent.values())), "record": spent["record"]}
 
 
 def tune_tasks(tasks: Sequence[TuningTask], target: Target | str = "llvm", trials: int = 256,
@@ -126,10 +135,12 @@ def run_model_job(job_id: int, tasks: Sequence[TuningTask], target: Target, opti
             database.update_job(job, "running")
         searches += [JobSearch(jobs[task.workload.key], task.workload, target, options, database) for task in tasks]
         with measuring(pool) as measurer:
+            start = time.perf_counter()
             curve, stopped = schedule(tasks, searches, measurer, options, strategy, on_progress or (lambda _: None),
                                       stop)
+            wall = time.perf_counter() - start
         end("cancelled" if stopped else "done")
-    return TasksResult(job_id, [search.result for search in searches], curve)
+    return TasksResult(job_id, [search.result for search in searches], curve, wall)
 
 
 def schedule(tasks: Sequence[TuningTask], searches: Sequence[JobSearch], pool: Pool, options: TuneOptions,

@@ -5,6 +5,7 @@ every result as it arrives, and a job interrupted at any point resumes from what
 from __future__ import annotations
 
 import random
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
@@ -51,12 +52,36 @@ class TuneOptions:
             raise ValueError(f"trials must be in 1..100000, got {self.trials}")
 
 
+PHASES = ("measure", "tuner", "record")
+
+
+@contextmanager
+def timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
+    """Add the wall time of the block to `seconds[phase]`."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[phase] += time.perf_counter() - start
+
+
+def time_split(seconds: dict[str, float]) -> str:
+    """One line: where a run's time went, the tuner's share of it first."""
+    total = sum(seconds.values())
+    share = seconds["tuner"] / total if total else 0.0
+    return (f"tuner {seconds['tuner']:.1f} s ({share:.0%} of {total:.1f} s), measuring {seconds['measure']:.1f} s, "
+            f"writing records {seconds['record']:.1f} s")
+
+
 @dataclass
 class TuneResult:
     job_id: int
     measured: list[tuple[MeasureInput, MeasureResult]]  # this job's, resumed ones first
     resumed: int  # how many were loaded from the database rather than measured now
     known: int = 0  # other jobs' measurements of the workload on the target the search started from
+    # wall seconds of this run by who spent them: the pool measuring, the tuner (model fits, searches, the
+    # transfer history), the database writing records
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
     def best(self) -> tuple[MeasureInput, MeasureResult] | None:
@@ -69,10 +94,12 @@ class TuneResult:
         return [float(x) for x in np.maximum.accumulate([r.gflops for _, r in self.measured])] if self.measured else []
 
 
-def history(database: Database, workload: Workload, target: Target, limit: int = 512) -> list[tuple]:
-    """(feature matrix, GFLOPS) per other shape of the op on this target, for the xgb tuner's base model."""
+def history(database: Database, workload: Workload, target: Target, limit: int = 512, others: bool = True
+            ) -> list[tuple]:
+    """(feature matrix, GFLOPS) per shape of the op on this target (with `others`, those other than the
+    workload's own), for the xgb tuner's base model."""
     found = []
-    for other, records in database.op_records(workload.op, target, exclude=workload).items():
+    for other, records in database.op_records(workload.op, target, exclude=workload if others else None).items():
         space = get_space(other, target)
         records = random.Random(0).sample(records, min(limit, len(records)))
         x = np.stack([features(other, target, space, r.input.config, "itervar") for r in records])
@@ -273,33 +300,40 @@ class JobSearch:
     def step(self, pool: Pool, trials: int, stop: Callable[[], bool] = lambda: False) -> bool:
         """Measure until the job holds `trials` results (see `search_loop`); whether `stop()` ended it."""
         options = replace(self.options, trials=trials)
-        return search_loop(self._built_search(), pool, self.workload, self.target, options, self.result.measured,
-                           self._record, stop)
+        with timed(self.result.seconds, "tuner"):
+            search = self._built_search()
+        return search_loop(search, pool, self.workload, self.target, options, self.result.measured,
+                           self._record, stop, self.result.seconds)
 
 
 def search_loop(search, pool, workload: Workload, target: Target, options: TuneOptions,
                 measured: list[tuple[MeasureInput, MeasureResult]],
                 sink: Callable[[MeasureInput, MeasureResult], None] = lambda i, r: None,
-                stop: Callable[[], bool] = lambda: False) -> bool:
+                stop: Callable[[], bool] = lambda: False, seconds: dict[str, float] | None = None) -> bool:
     """Propose, measure, hand each result to `sink` (the database) before the tuner sees the batch;
     until `measured` holds options.trials results, the space is exhausted, early stopping, or `stop()`
-    (asked before each batch, so the batch in flight is always finished and recorded).
-    Returns whether `stop()` ended it."""
+    (asked before each batch, so the batch in flight is always finished and recorded). Each phase's wall
+    time is added to `seconds` (see TuneResult.seconds). Returns whether `stop()` ended it."""
+    seconds = dict.fromkeys(PHASES, 0.0) if seconds is None else seconds
     since_best, best = 0, max((r.gflops for _, r in measured), default=0.0)
     while len(measured) < options.trials and search.has_next():
         if options.early_stopping and since_best >= options.early_stopping:
             return False
         if stop():
             return True
-        configs = search.propose(min(options.batch, options.trials - len(measured)))
+        with timed(seconds, "tuner"):
+            configs = search.propose(min(options.batch, options.trials - len(measured)))
         if not configs:
             return False
         inputs = [MeasureInput(workload, target, c) for c in configs]
-        results = pool.measure([Task.of(i) for i in inputs], options.measure)
+        with timed(seconds, "measure"):
+            results = pool.measure([Task.of(i) for i in inputs], options.measure)
         for measure_input, result in zip(inputs, results):
-            sink(measure_input, result)
+            with timed(seconds, "record"):
+                sink(measure_input, result)
             measured.append((measure_input, result))
             since_best = 0 if result.gflops > best else since_best + 1
             best = max(best, result.gflops)
-        search.observe(configs, results)
+        with timed(seconds, "tuner"):
+            search.observe(configs, results)
     return False

@@ -1,0 +1,77 @@
+"""Predicted configs: from real measurements of an op's other shapes, a valid config of an unseen shape's space,
+for every CPU op; from another target's records when this one has none; none from too few records."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from db import Database
+from search_space import Target, batch_matmul, conv2d, dense, get_space, matmul
+from tuner.predict import MIN_RECORDS, predict_config
+from tuner.tune import tune
+from workers.pool import make_pool
+from workers.task import MeasureOptions
+
+TARGET = Target.parse("llvm -threads=1")
+FAST = MeasureOptions(repeat=2, min_repeat_ms=1.0)
+TRIALS = 12  # per tuned shape: two shapes give more than MIN_RECORDS records
+
+# per op: two shapes to tune, and an unseen one to predict for
+OPS = {
+    "dense": ([dense(16, 32, 32, bias=True), dense(24, 64, 32, bias=True)], dense(40, 48, 64, bias=True)),
+    "matmul": ([matmul(16, 32, 32), matmul(32, 16, 48)], matmul(40, 24, 24)),
+    "batch_matmul": ([batch_matmul(2, 16, 16, 16), batch_matmul(3, 8, 32, 16)], batch_matmul(4, 12, 20, 16)),
+    "conv2d": ([conv2d(1, 4, 8, 8, 8, 3, 3, 1, 1), conv2d(1, 8, 6, 6, 4, 3, 3, 1, 1)], conv2d(1, 6, 7, 7, 6, 3, 3, 1, 1)),
+}
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """A database with every op's two shapes tuned for a few trials on TARGET."""
+    database = Database(f"sqlite:///{tmp_path_factory.mktemp('predict')}/p.db")
+    with make_pool("local") as pool:
+        for shapes, _ in OPS.values():
+            for workload in shapes:
+                tune(workload, TARGET, TRIALS, "random", database, pool, batch=6, measure=FAST)
+    yield database
+    database.close()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_prediction_is_a_valid_config_of_an_unseen_shape(tuned, op):
+    shapes, unseen = OPS[op]
+    assert not tuned.best(unseen, TARGET)
+    prediction = predict_config(tuned, unseen, TARGET)
+    assert prediction is not None and prediction.targets == (TARGET,)
+    assert prediction.shapes == len(shapes) and prediction.records == TRIALS * len(shapes)
+    space = get_space(unseen, TARGET)
+    assert space.get(prediction.config.index) == prediction.config  # a point of the unseen shape's own space
+    assert predict_config(tuned, unseen, TARGET) == prediction  # deterministic: the same records, the same answer
+
+
+def test_another_targets_records_predict_when_this_one_has_none(tuned):
+    two_threads = Target.parse("llvm -threads=2")
+    unseen = dense(40, 48, 64, bias=True)
+    prediction = predict_config(tuned, unseen, two_threads)
+    assert prediction is not None and prediction.targets == (TARGET,)
+    assert get_space(unseen, two_threads).get(prediction.config.index) == prediction.config
+
+
+def test_too_few_records_predict_nothing(tmp_path):
+    with Database(f"sqlite:///{tmp_path}/few.db") as database, make_pool("local") as pool:
+        tune(dense(16, 32, 32), TARGET, MIN_RECORDS - 4, "random", database, pool, batch=6, measure=FAST)
+        assert predict_config(database, dense(24, 32, 32), TARGET) is None
+
+
+def test_predict_command_prints_the_config_or_says_why_not(tuned, tmp_path):
+    run = [sys.executable, "-m", "service", "predict", "dense", "M=40", "N=48", "K=64", "bias=true",
+           "--target", str(TARGET), "--db", str(tuned.url)]
+    printed = json.loads(subprocess.run(run + ["--json"], capture_output=True, text=True, check=True).stdout)
+    space = get_space(dense(40, 48, 64, bias=True), TARGET)
+    assert space.get(printed["config"]["index"]).to_dict() == printed["config"]["knobs"]
+    assert printed["records"] == 2 * TRIALS and printed["trained_on"] == [str(TARGET)]
+    refused = subprocess.run(run[:4] + ["conv2d", "N=1", "C=4", "H=9", "W=9", "K=4", "R=1", "S=1", "stride=1", "pad=0",
+                                        "--db", f"sqlite:///{tmp_path}/none.db"],
+                             capture_output=True, text=True)
+    assert refused.returncode == 1 and "too few records of conv2d" in refused.stdout + refused.stderr
