@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from db import Database
 from db.models import MeasurementRow
 from db.queries import BEST
-from search_space import Target, Workload, get_space, host_target, matmul
+from search_space import Target, Workload, get_space, host_target, matmul, template_version
 from workers import MeasureInput, MeasureResult, Outcome
 
 WORKLOADS = [matmul(64 * i, 64 * i, 64 * i) for i in range(1, 11)]
@@ -89,8 +89,9 @@ def main() -> None:
     with Database(args.db) as database, database.read_engine.connect() as connection:
         total = fill(database, args.rows)
         api = time_lookups(database.best, args.queries)
-        sql = time_lookups(lambda w, t: connection.execute(BEST, {"workload": w.key, "target": str(t), "limit": 1})
-                           .all(), args.queries)
+        sql = time_lookups(lambda w, t: connection.execute(BEST, {"workload": w.key, "target": str(t), "limit": 1,
+                                                                  "version": template_version(w, t)}).all(),
+                           args.queries)
     print(f"{database!r}: {total:,} measurements, {len(api)} lookups each\n"
           f"  Database.best (session, query, Record): {summary(api)}\n"
           f"  the SQL query alone, on one connection:  {summary(sql)}")

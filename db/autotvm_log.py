@@ -7,8 +7,9 @@
 The task name is the op, args its integer parameters in key order, kwargs its options and
 dtype; costs are every timing sample in seconds (the error message for a failure); error
 numbers are AutoTVM's MeasureErrorNo. What AutoTVM's format has no field for (compile time,
-worker, host, start time, flops, phases) rides in the extra "tensortune" object, which
-AutoTVM's reader ignores; lines without it import too, with those fields left empty.
+worker, host, start time, flops, phases, the template version) rides in the extra "tensortune"
+object, which AutoTVM's reader ignores; lines without it import too, with those fields left empty
+and no template version: unversioned, applied only where the config lies in today's space.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from search_space import InvalidConfig, NoTemplate, Target, TargetError, Workload, WorkloadError, get_space
+from search_space import (InvalidConfig, NoTemplate, Target, TargetError, Workload, WorkloadError, get_space,
+                          template_version)
 from search_space.workload import OPS
 from workers import MeasureInput, MeasureResult, Outcome
 
@@ -32,6 +34,7 @@ ERROR_NO = {
 }
 OUTCOME_OF = {number: outcome for outcome, number in ERROR_NO.items()} | {3: Outcome.COMPILE_ERROR}  # 3: device
 KIND_CODES = {"split": "sp", "reorder": "re", "annotate": "an", "knob": "ot"}
+Logged = tuple[MeasureInput, MeasureResult, int | None]  # a line: the measurement and its template version
 
 
 class LogError(ValueError):
@@ -62,7 +65,7 @@ def encode(record: Record) -> str:
     all_cost = result.finished_at - result.started_at if result.started_at and result.finished_at else 0.0
     extra = {"compile_seconds": result.compile_seconds, "worker": result.worker, "host": result.host,
              "started_at": result.started_at, "flops": result.flops, "error": result.error,
-             "phases": result.phases}
+             "phases": result.phases, "template_version": record.template_version}
     return json.dumps({
         "input": [str(target), workload.op, [workload.p[d] for d in workload.spec.dims],
                   {name: workload.p[name] for name in workload.spec.options} | {"dtype": workload.dtype}],
@@ -82,15 +85,25 @@ def _workload(op: str, args: list, kwargs: dict) -> Workload:
     return Workload.make(op, options.pop("dtype", "float32"), **dict(zip(dims, args)), **options)
 
 
-def _config(workload: Workload, target: Target, config: dict):
+def _version(value) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise LogError(f"template_version must be an integer or null, got {value!r}")
+
+
+def _config(workload: Workload, target: Target, config: dict, version: int | None):
+    """The config, checked against today's space unless it is another template version's (kept as written:
+    stale, never applied, but exported again as it came)."""
     stored = config_from_dict({"index": config["index"], "knobs": {name: value for name, _, value in config["entity"]}})
     try:
+        if version is not None and version != template_version(workload, target):
+            return stored
         return get_space(workload, target).from_json(config_to_dict(stored))
     except NoTemplate:  # nothing to check it against here; keep it as written
         return stored
 
 
-def decode(line: str) -> tuple[MeasureInput, MeasureResult]:
+def decode(line: str) -> Logged:
     """Parse one log line; LogError says what is wrong with it."""
     try:
         data = json.loads(line)
@@ -99,11 +112,12 @@ def decode(line: str) -> tuple[MeasureInput, MeasureResult]:
         target_text, op, args, kwargs = data["input"]
         target = Target.parse(target_text)
         workload = _workload(op, args, kwargs)
-        config = _config(workload, target, data["config"])
+        extra = data.get("tensortune", {})
+        version = _version(extra.get("template_version"))
+        config = _config(workload, target, data["config"], version)
         costs, error_no, all_cost, timestamp = data["result"]
         if error_no not in OUTCOME_OF:
             raise LogError(f"unknown error number {error_no!r}")
-        extra = data.get("tensortune", {})
         errors = [cost for cost in costs if isinstance(cost, str)]
         result = MeasureResult(
             OUTCOME_OF[error_no], tuple(float(cost) for cost in costs if not isinstance(cost, str)),
@@ -117,16 +131,17 @@ def decode(line: str) -> tuple[MeasureInput, MeasureResult]:
         raise LogError(f"not JSON: {error}") from None
     except (KeyError, TypeError, ValueError, AttributeError, WorkloadError, TargetError, InvalidConfig) as error:
         raise LogError(f"{type(error).__name__}: {error}") from None
-    return MeasureInput(workload, target, config), result
+    return MeasureInput(workload, target, config), result, version
 
 
-def pick_best(pairs: Iterable[tuple[MeasureInput, MeasureResult]]) -> list[tuple[MeasureInput, MeasureResult]]:
-    """AutoTVM's pick_best: only the fastest ok measurement of each (workload, target)."""
-    best: dict[tuple[str, str], tuple[MeasureInput, MeasureResult]] = {}
-    for measure_input, result in pairs:
-        key = (measure_input.workload.key, str(measure_input.target))
+def pick_best(lines: Iterable[Logged]) -> list[Logged]:
+    """AutoTVM's pick_best: only the fastest ok measurement of each (workload, target), per template version
+    (so a stale record never displaces today's)."""
+    best: dict[tuple, Logged] = {}
+    for measure_input, result, version in lines:
+        key = (measure_input.workload.key, str(measure_input.target), version)
         if result.ok and result.samples and (key not in best or result.median < best[key][1].median):
-            best[key] = (measure_input, result)
+            best[key] = (measure_input, result, version)
     return list(best.values())
 
 
@@ -144,25 +159,24 @@ def export_log(database: Database, path: str | Path, best_only: bool = False) ->
 
 def import_log(database: Database, path: str | Path, best_only: bool = False) -> ImportReport:
     """Store the measurements of a log; malformed lines are reported with their number and skipped."""
-    report, pairs = ImportReport(), []
+    report, lines = ImportReport(), []
     with open(path, encoding="utf-8") as file:
         for number, line in enumerate(file, start=1):
             if not line.strip():
                 continue
             try:
-                pairs.append(decode(line))
+                lines.append(decode(line))
             except LogError as error:
                 report.rejected.append((number, str(error)))
-    report.imported = database.record_many(new_measurements(database, pick_best(pairs) if best_only else pairs, report))
+    report.imported = database.record_many(new_measurements(database, pick_best(lines) if best_only else lines, report))
     return report
 
 
-def new_measurements(database: Database, pairs: list[tuple[MeasureInput, MeasureResult]],
-                     report: ImportReport) -> list[tuple[MeasureInput, MeasureResult]]:
-    """The pairs that are not stored yet, each once: importing a log again adds nothing."""
+def new_measurements(database: Database, lines: list[Logged], report: ImportReport) -> list[Logged]:
+    """The lines whose measurements are not stored yet, each once: importing a log again adds nothing."""
     known: dict[tuple[str, str], set[tuple]] = {}
     fresh = []
-    for measure_input, result in pairs:
+    for measure_input, result, version in lines:
         pair = (measure_input.workload.key, str(measure_input.target))
         if pair not in known:
             known[pair] = database.identities(measure_input.workload, measure_input.target)
@@ -171,5 +185,5 @@ def new_measurements(database: Database, pairs: list[tuple[MeasureInput, Measure
             report.duplicates += 1
         else:
             known[pair].add(key)
-            fresh.append((measure_input, result))
+            fresh.append((measure_input, result, version))
     return fresh

@@ -2,14 +2,14 @@
 
 Migrations (db/migrations) create these tables; the models are how the code reads and writes
 them. Workloads and targets are stored once each and referenced by id, so the best-config
-query is one seek on `ix_measurements_best` (workload, target, outcome, median seconds).
+query is one seek on `ix_measurements_best` (workload, target, outcome, template version, median seconds).
 """
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
 from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, String, Text,
-                        TypeDecorator)
+                        TypeDecorator, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from workers import Outcome
@@ -93,7 +93,8 @@ class JobRow(Base):
 class MeasurementRow(Base):
     __tablename__ = "measurements"
     __table_args__ = (
-        Index("ix_measurements_best", "workload_id", "target_id", "outcome", "median_seconds", "id"),
+        Index("ix_measurements_best", "workload_id", "target_id", "outcome", "template_version", "median_seconds",
+              "id"),
         Index("ix_measurements_job", "job_id"),
         CheckConstraint(f"outcome IN {tuple(o.value for o in Outcome)}", name="ck_measurements_outcome"),
     )
@@ -104,6 +105,7 @@ class MeasurementRow(Base):
     target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"))
     config_index: Mapped[int] = mapped_column(BigInteger)
     config: Mapped[dict] = mapped_column(JSON)  # {"index", "knobs"}; json, not jsonb, keeps knob order
+    template_version: Mapped[int | None] = mapped_column(Integer)  # search_space.template_version; null: unversioned
     outcome: Mapped[str] = mapped_column(String(16))  # workers.Outcome value
     samples: Mapped[list] = mapped_column(JSON)  # seconds per call, every timing sample
     mean_seconds: Mapped[float | None] = mapped_column(Float)
@@ -117,3 +119,18 @@ class MeasurementRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     error: Mapped[str] = mapped_column(Text)
     phases: Mapped[dict] = mapped_column(JSON)
+
+
+class ClientRequestRow(Base):
+    """A workload and target a client built without a stored config for (db/served.py), and the job tuning it."""
+
+    __tablename__ = "client_requests"
+    __table_args__ = (UniqueConstraint("workload_id", "target_id", name="uq_client_requests_pair"),)
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"))
+    first_asked: Mapped[datetime] = mapped_column(UtcDateTime)
+    last_asked: Mapped[datetime] = mapped_column(UtcDateTime)
+    times_asked: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))  # the job queued for it, or one that was already

@@ -2,18 +2,23 @@
 workloads; which jobs are single jobs.
 
 They take a plain `Session` so that `Database` and `apply_history_best(session)` share them.
-The best-record query is two unique-key lookups and one seek on `ix_measurements_best`.
+The best-record query is two unique-key lookups and one seek on `ix_measurements_best`, for today's template
+version; a second seek reads unversioned records (imported AutoTVM logs), used where their config is in today's
+space. Records of any other version are configs of other code, and are never returned as best.
 """
 from __future__ import annotations
+
+from itertools import count, islice
+from typing import Iterator
 
 from sqlalchemy import Integer, and_, bindparam, func, select
 from sqlalchemy.orm import Session, aliased
 
-from search_space import Target, Workload, WorkloadError
+from search_space import NoTemplate, Target, Workload, WorkloadError, get_space, template_version
 from workers import Outcome
 
 from .models import JobRow, MeasurementRow, TargetRow, WorkloadRow
-from .records import Record, record_from_row, seconds, target_from_row
+from .records import Record, in_space, record_from_row, seconds, target_from_row
 
 
 # Measurements of one workload on one exact target. The ids are scalar subqueries, not joins, so that
@@ -23,8 +28,17 @@ _OF_PAIR = select(MeasurementRow).where(
     MeasurementRow.workload_id == select(WorkloadRow.id).where(WorkloadRow.key == bindparam("workload"))
     .scalar_subquery(),
     MeasurementRow.target_id == select(TargetRow.id).where(TargetRow.key == bindparam("target")).scalar_subquery())
-BEST = (_OF_PAIR.where(MeasurementRow.outcome == Outcome.OK.value)
-         .order_by(MeasurementRow.median_seconds, MeasurementRow.id).limit(bindparam("limit")))
+_OK = _OF_PAIR.where(MeasurementRow.outcome == Outcome.OK.value)
+# The version follows the outcome in the index, so each of these is one seek read in order. Unversioned records
+# are ordered by their (null) version too: PostgreSQL takes `= :version` for a constant, but not `IS NULL`.
+BEST = (_OK.where(MeasurementRow.template_version == bindparam("version", type_=Integer))
+        .order_by(MeasurementRow.median_seconds, MeasurementRow.id).limit(bindparam("limit")))
+UNVERSIONED = (_OK.where(MeasurementRow.template_version.is_(None))
+               .order_by(MeasurementRow.template_version, MeasurementRow.median_seconds, MeasurementRow.id)
+               .limit(bindparam("size")).offset(bindparam("offset")))
+PAGE = 64  # unversioned rows read at a time, until enough of them fit today's space
+_VERSIONS = _OF_PAIR.with_only_columns(MeasurementRow.template_version, func.count()).group_by(
+    MeasurementRow.template_version)
 _IDENTITIES = _OF_PAIR.with_only_columns(MeasurementRow.config_index, MeasurementRow.finished_at,
                                           MeasurementRow.samples)
 # what a new job of the pair starts from: every measurement outside the job (bindparam "job"; None: none)
@@ -51,10 +65,43 @@ def pair(workload: Workload, target: Target) -> dict:
     return {"workload": workload.key, "target": str(target)}
 
 
+def applies(record: Record) -> bool:
+    """Whether a record may be applied today: measured with today's template version, or unversioned with a
+    config that lies in today's space (knobs valid, index theirs)."""
+    workload, target = record.input.workload, record.input.target
+    if record.template_version is not None:
+        return record.template_version == template_version(workload, target)
+    return in_space(get_space(workload, target), record.input.config) is not None
+
+
 def best_records(session: Session, workload: Workload, target: Target, limit: int = 1) -> list[Record]:
-    """The fastest `ok` measurements (by median time), best first; ties go to the earlier row."""
-    rows = session.scalars(BEST, pair(workload, target) | {"limit": limit})
-    return [record_from_row(row, workload, target) for row in rows]
+    """The fastest `ok` measurements (by median time) that apply today (`applies`), best first; ties go to the
+    earlier row. Empty where no template exists: no config applies there."""
+    try:
+        version = template_version(workload, target)
+    except NoTemplate:
+        return []
+    bound = pair(workload, target)
+    found = [record_from_row(row, workload, target)
+             for row in session.scalars(BEST, bound | {"version": version, "limit": limit})]
+    unversioned = (record_from_row(row, workload, target) for row in _pages(session, UNVERSIONED, bound))
+    found += islice(filter(applies, unversioned), limit)
+    return sorted(found, key=lambda record: (record.result.median, record.id))[:limit]
+
+
+def _pages(session: Session, statement, bound: dict) -> Iterator[MeasurementRow]:
+    """The rows of an ordered statement, read PAGE at a time as they are wanted (a server-side cursor would
+    need a transaction, which read sessions do not open)."""
+    for offset in count(0, PAGE):
+        page = session.scalars(statement, bound | {"offset": offset, "size": PAGE}).all()
+        yield from page
+        if len(page) < PAGE:
+            return
+
+
+def template_versions(session: Session, workload: Workload, target: Target) -> dict[int | None, int]:
+    """How many measurements of the workload on the target each template version has (None: unversioned)."""
+    return dict(session.execute(_VERSIONS, pair(workload, target)).all())
 
 
 def count_records(session: Session, workload: Workload, target: Target, config_index: int | None = None) -> int:

@@ -3,14 +3,14 @@
 A `Record` is what AutoTVM calls an (input, result) pair, plus the row and job it came from.
 Configs are rebuilt from their JSON without consulting a space, so records of targets that
 have no template here (or of an older template) still read back; whoever applies one checks
-it against the space it is for.
+it against the space it is for (`in_space`) and its template version against today's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from search_space import Config, Target, Workload
+from search_space import Config, ConfigSpace, InvalidConfig, Target, Workload
 from workers import MeasureInput, MeasureResult, Outcome
 
 from .models import MeasurementRow, TargetRow
@@ -22,6 +22,7 @@ class Record:
     job_id: int | None
     input: MeasureInput
     result: MeasureResult
+    template_version: int | None  # the template's version when measured; None: unversioned (an AutoTVM log's)
 
 
 def _frozen(value):
@@ -35,6 +36,14 @@ def config_from_dict(data: dict) -> Config:
 
 def config_to_dict(config: Config) -> dict:
     return {"index": config.index, "knobs": config.to_dict()}
+
+
+def in_space(space: ConfigSpace, config: Config) -> Config | None:
+    """The config as `space` has it, when its knobs are valid there and its index is theirs; else None."""
+    try:
+        return space.from_json(config_to_dict(config))
+    except InvalidConfig:
+        return None
 
 
 def moment(seconds: float) -> datetime | None:
@@ -75,4 +84,5 @@ def record_from_row(row: MeasurementRow, workload: Workload, target: Target) -> 
     result = MeasureResult(
         Outcome(row.outcome), tuple(row.samples), row.compile_seconds, row.flops, row.worker, row.host,
         seconds(row.started_at), seconds(row.finished_at), row.error, dict(row.phases))
-    return Record(row.id, row.job_id, MeasureInput(workload, target, config_from_dict(row.config)), result)
+    return Record(row.id, row.job_id, MeasureInput(workload, target, config_from_dict(row.config)), result,
+                  row.template_version)

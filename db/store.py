@@ -17,7 +17,7 @@ from sqlalchemy import Select, insert, select, text, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from search_space import Target, Workload
+from search_space import Target, Workload, template_version
 from workers import MeasureInput, MeasureResult
 
 from .engine import make_engine, read_engine, resolve_url
@@ -27,8 +27,8 @@ from .models import JOB_STATUSES, JobRow, MeasurementRow, TargetRow, WorkloadRow
 from .opening import check_file, open_error
 from .outage import LockLost
 from .matching import nearest_shapes
-from .queries import (KNOWN, MODEL_JOB, SINGLE_JOB, best_records, count_records, measurement_identities, pair,
-                      stored_workloads)
+from .queries import (KNOWN, MODEL_JOB, SINGLE_JOB, applies, best_records, count_records, measurement_identities,
+                      pair, stored_workloads, template_versions)
 from .records import Record, measurement_values, record_from_row, target_from_row, target_values, workload_values
 
 FINISHED = ("done", "failed", "cancelled")
@@ -126,26 +126,31 @@ class Database:
             self._ids[cache_key] = found
         return found
 
-    def _row(self, measure_input: MeasureInput, result: MeasureResult, job_id: int | None) -> dict:
-        return {"job_id": job_id, "workload_id": self._id(WorkloadRow, workload_values(measure_input.workload)),
-                "target_id": self._id(TargetRow, target_values(measure_input.target)),
+    def _row(self, job_id: int | None, measure_input: MeasureInput, result: MeasureResult, *version: int | None
+             ) -> dict:
+        """The row of a measurement, of the template version given (an imported one's), else of today's."""
+        workload, target = measure_input.workload, measure_input.target
+        return {"job_id": job_id, "workload_id": self._id(WorkloadRow, workload_values(workload)),
+                "target_id": self._id(TargetRow, target_values(target)),
+                "template_version": version[0] if version else template_version(workload, target),
                 **measurement_values(measure_input, result)}
 
     def record(self, measure_input: MeasureInput, result: MeasureResult, job_id: int | None = None) -> int:
-        """Store one measurement and commit it; returns its id."""
-        row = self._row(measure_input, result, job_id)
+        """Store one measurement, made with today's template, and commit it; returns its id."""
+        row = self._row(job_id, measure_input, result)
         with self.sessions() as session:
             new_id = session.scalar(insert(MeasurementRow).values(**row).returning(MeasurementRow.id))
             session.commit()
         return new_id
 
-    def record_many(self, pairs: Iterable[tuple[MeasureInput, MeasureResult]], job_id: int | None = None,
-                    batch: int = 10_000) -> int:
-        """Store many measurements (an imported log, a benchmark fill), one transaction per batch."""
+    def record_many(self, measurements: Iterable[tuple], job_id: int | None = None, batch: int = 10_000) -> int:
+        """Store many measurements (an imported log, a benchmark fill), one transaction per batch: each a
+        (MeasureInput, MeasureResult) pair made with today's template, or a triple whose third item is the
+        template version it was made with (None: unversioned)."""
         count, rows = 0, []
         with self.sessions() as session:
-            for measure_input, result in pairs:
-                rows.append(self._row(measure_input, result, job_id))
+            for measured in measurements:
+                rows.append(self._row(job_id, *measured))
                 if len(rows) == batch:
                     count += self._insert(session, rows)
                     rows = []
@@ -177,6 +182,12 @@ class Database:
         with self.read_sessions() as session:
             return count_records(session, workload, Target.parse(target), config_index)
 
+    def template_versions(self, workload: Workload, target: Target | str) -> dict[int | None, int]:
+        """How many measurements of the workload on exactly this target each template version has (None:
+        unversioned): whether those stored are stale."""
+        with self.read_sessions() as session:
+            return template_versions(session, workload, Target.parse(target))
+
     def records(self, batch: int = 1000) -> Iterator[Record]:
         """Every measurement, oldest first, streamed."""
         return self._records(select(MeasurementRow), batch)
@@ -186,18 +197,21 @@ class Database:
         return list(self._records(select(MeasurementRow).where(MeasurementRow.job_id == job_id)))
 
     def known_records(self, workload: Workload, target: Target | str, job_id: int | None = None) -> list[Record]:
-        """Every measurement of the workload on exactly this target outside job `job_id`, oldest first: what
-        a new job of it starts from (configs not measured again, a cost model trained on them)."""
-        return list(self._records(KNOWN.params(pair(workload, Target.parse(target)) | {"job": job_id})))
+        """Every measurement of the workload on exactly this target outside job `job_id` that applies today
+        (`queries.applies`), oldest first: what a new job of it starts from (configs not measured again, a cost
+        model trained on them). A stale config is measured again."""
+        statement = KNOWN.params(pair(workload, Target.parse(target)) | {"job": job_id})
+        return list(filter(applies, self._records(statement)))
 
     def op_records(self, op: str, target: Target | str, exclude: Workload | None = None) -> dict[Workload, list[Record]]:
-        """Measurements of the other shapes of an op on exactly this target (for transfer learning)."""
+        """Measurements of the other shapes of an op on exactly this target that apply today (for transfer
+        learning)."""
         workload_ids = select(WorkloadRow.id).where(WorkloadRow.op == op, WorkloadRow.key != (exclude.key if exclude else ""))
         target_id = select(TargetRow.id).where(TargetRow.key == str(Target.parse(target))).scalar_subquery()
         found: dict[Workload, list[Record]] = {}
         statement = select(MeasurementRow).where(MeasurementRow.workload_id.in_(workload_ids),
                                                  MeasurementRow.target_id == target_id)
-        for record in self._records(statement):
+        for record in filter(applies, self._records(statement)):
             found.setdefault(record.input.workload, []).append(record)
         return found
 
@@ -220,7 +234,8 @@ class Database:
         with self.sessions() as session:
             return [(Workload.from_key(key), target_from_row(row)) for key, row in session.execute(query)]
 
-    def _job_row(self, workload: Workload, target: Target | str, tuner: str, trials: int, status: str) -> dict:
+    def job_row(self, workload: Workload, target: Target | str, tuner: str, trials: int, status: str) -> dict:
+        """The values of a new job's row, its workload and target stored first (once each)."""
         row = {"workload_id": self._id(WorkloadRow, workload_values(workload)),
                "target_id": self._id(TargetRow, target_values(Target.parse(target))),
                "tuner": tuner, "trials": trials, "status": status}
@@ -232,7 +247,7 @@ class Database:
                    before_commit: Callable[[int], object] | None = None) -> int:
         """A new tuning job; returns its id. `before_commit(id)` runs while nobody else can see the job yet
         (db/queue.py takes the job's lock there)."""
-        return self._create_jobs(self._job_row(workload, target, tuner, trials, status), [], before_commit)
+        return self._create_jobs(self.job_row(workload, target, tuner, trials, status), [], before_commit)
 
     def create_model_job(self, model: str | None, workloads: Sequence[Workload], target: Target | str, tuner: str,
                          trials: int, status: str = "queued",
@@ -240,7 +255,7 @@ class Database:
         """A model job named `model` and under it one job per task workload, committed together (so a model
         job is never seen without its tasks); returns the model job's id. Each task's job starts with the
         whole budget as its `trials`, and is given its share when the model job ends."""
-        tasks = [self._job_row(workload, target, tuner, trials, status) for workload in workloads]
+        tasks = [self.job_row(workload, target, tuner, trials, status) for workload in workloads]
         return self._create_jobs(tasks[0] | {"model": model}, tasks, before_commit)
 
     def _create_jobs(self, row: dict, tasks: list[dict], before_commit: Callable[[int], object] | None) -> int:
@@ -312,8 +327,12 @@ class Database:
         return self._single_job(workload, target, tuner, trials, JobRow.status.not_in(("done", "failed")))
 
     def done_job(self, workload: Workload, target: Target | str, tuner: str, trials: int) -> Job | None:
-        """The newest single job of exactly this request that ran to its end: a rerun shows it, not tunes again."""
-        return self._single_job(workload, target, tuner, trials, JobRow.status == "done")
+        """The newest single job of exactly this request that ran to its end with records of today's template
+        version: a rerun shows it, not tunes again (one whose records are all stale is tuned anew)."""
+        current = select(MeasurementRow.id).where(
+            MeasurementRow.job_id == JobRow.id,
+            MeasurementRow.template_version == template_version(workload, Target.parse(target))).exists()
+        return self._single_job(workload, target, tuner, trials, JobRow.status == "done", current)
 
     def unfinished_model_job(self, model: str | None, workloads: Sequence[Workload], target: Target | str, tuner: str,
                              trials: int) -> Job | None:

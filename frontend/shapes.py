@@ -7,8 +7,9 @@ graph is traced symbolic (result shapes only), from a call's sizes at run time.
 Dynamo traces a model with static sizes first, and with symbolic ones once it has seen a size change (another
 sequence length, another batch size): a tuned op then meets its sizes only at run time. Its first call at a
 size builds that workload's kernel with the best config stored for it, else with the config of the nearest
-stored shape of the same op and options (db.HistoryBest.query_nearest), else with the template's fallback, and
-says which in one line per workload; every later call at that size is one dict lookup. The kernels of a
+stored shape of the same op and options (db.HistoryBest.query_nearest), else with a config predicted from the
+records of the op's other shapes (tuner/predict.py), else with the template's fallback, and says which in one
+line per workload; every later call at that size is one dict lookup. The kernels of a
 graph's static sizes are built with the graph, their fallbacks named together in one line.
 """
 from __future__ import annotations
@@ -22,10 +23,12 @@ from typing import Callable, Iterable, Union
 import numpy as np
 import torch
 
-from db import Database, HistoryBest
+from db import Database, HistoryBest, ServedBest
 from db.history import StoredConfig
+from db.served import is_served
 from search_space import Target, Workload, fallback_config
 from search_space.workload import conv2d_output
+from tuner import predict  # noqa: F401  registers predicted configs: a shape with no tuned neighbour gets one
 from workers import build
 
 log = logging.getLogger("tensortune.frontend")
@@ -102,11 +105,18 @@ def borrowed_summary(borrowed: dict[Workload, Workload]) -> str:
             f"{'; '.join(f'{workload.label} (from {source.label})' for workload, source in borrowed.items())}")
 
 
+def predicted_summary(predicted: dict[Workload, str]) -> str:
+    return (f"tensortune: {len(predicted)} kernels have no tuned shape of their op to borrow a config from and run "
+            f"predicted ones: {'; '.join(f'{workload.label} ({how})' for workload, how in predicted.items())}")
+
+
 def first_sight_line(workload: Workload, found: StoredConfig | None, target: Target) -> str:
     """What a kernel built at run time, for a size first met, runs."""
     if found is None:
         return (f"tensortune: new size {workload.label} has no stored config for {target.label}, nor a tuned shape "
                 "of its op to borrow one from, and runs a fallback config, which may be much slower")
+    if found.predicted:
+        return f"tensortune: new size {workload.label} runs the config {found.predicted}"
     if found.workload != workload:
         return (f"tensortune: new size {workload.label} runs the config of {found.workload.label}, the nearest tuned "
                 "shape")
@@ -116,24 +126,29 @@ def first_sight_line(workload: Workload, found: StoredConfig | None, target: Tar
 class Kernels:
     """The kernels of one compiled graph, one per workload, each built once (ops of one workload share it and
     bind their own weights). The database is opened at the first choice and kept: a served model meets new sizes
-    all its life, and opening it (an engine, the schema's revision checked) costs more than the lookup."""
+    all its life, and opening it (an engine, the schema's revision checked) costs more than the lookup. A `db` that
+    is a tensortune service's URL is asked instead (db/served.py), a graph's workloads in one request."""
 
     def __init__(self, db, target: Target):
         self.db, self.target = db, target
         self.built: dict[Workload, object] = {}
-        self._history: HistoryBest | None = None
+        self._history: HistoryBest | ServedBest | None = None
         self._lock = threading.Lock()
 
     def prepare(self, workloads: Iterable[Workload]) -> None:
-        """Build the kernels of the graph's static sizes: the fallbacks among them said in one line, the
-        borrowed configs in another (at INFO)."""
+        """Build the kernels of the graph's static sizes: the fallbacks among them said in one line, the predicted
+        configs in another, the borrowed ones in a third (at INFO)."""
         with self._lock:
             chosen = self._choose([workload for workload in dict.fromkeys(workloads) if workload not in self.built])
             untuned = [workload for workload, found in chosen.items() if found is None]
             borrowed = {workload: found.workload for workload, found in chosen.items()
                         if found is not None and found.workload != workload}
+            predicted = {workload: found.predicted for workload, found in chosen.items()
+                         if found is not None and found.predicted}
             if untuned:
                 log.warning(fallback_summary(untuned, len(chosen), self.target))
+            if predicted:
+                log.warning(predicted_summary(predicted))
             if borrowed:
                 log.info(borrowed_summary(borrowed))
             for workload, found in chosen.items():
@@ -152,8 +167,8 @@ class Kernels:
         if not workloads:
             return {}
         if self._history is None:
-            self._history = HistoryBest(Database(self.db).read_sessions)
-        return {workload: self._history.query_nearest(workload, self.target) for workload in workloads}
+            self._history = ServedBest(self.db) if is_served(self.db) else HistoryBest(Database(self.db))
+        return self._history.query_nearest_many(workloads, self.target)
 
     def _build(self, workload: Workload, found: StoredConfig | None):
         config = found.config if found is not None else fallback_config(workload, self.target)

@@ -16,15 +16,18 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DBAPIError
 
-from db import Database, Job, Record
+from db import Database, HistoryBest, Job, Record
+from db.client_requests import ClientJobs, ClientRequest, ClientRequests
+from db.history import StoredConfig
 from db.outage import unavailable
 from db.queue import JobQueue
-from search_space import NoTemplate, Target, Workload, WorkloadError, format_program, get_space, host_target, lower
+from search_space import (NoTemplate, Target, Workload, WorkloadError, format_program, get_space, host_target, lower,
+                          template_version)
 from search_space.workload import OPS
 from tuner.allocation import TaskHistory, model_latency
 
-from .api_models import (MAX_TRIALS, JobDetail, JobIn, JobOut, OpOut, RecordOut, ReferenceOut, RunnerOut, WorkersOut,
-                         WorkloadsOut, parse_target)
+from .api_models import (MAX_BATCH, MAX_TRIALS, ClientRequestIn, ClientRequestOut, JobDetail, JobIn, JobOut, OpOut,
+                         RecordOut, ReferenceOut, RunnerOut, ServedConfigsOut, WorkersOut, WorkloadsOut, parse_target)
 from .numpy_reference import NumpyReference
 from .ray_nodes import ray_nodes
 from .runner import ModelsNeedTorch, Runner, UnknownPreset, preset_tasks
@@ -142,7 +145,25 @@ def bearer(token: str | None):
     return check
 
 
-def create_app(database: Database, runner: Runner | None = None, token: str | None = None) -> FastAPI:
+def served_out(workload: Workload, target: Target, found: StoredConfig | None) -> dict:
+    if found is None:
+        return {"workload": workload.key, "config": None, "from_workload": None, "from_target": None,
+                "predicted": None, "template_version": None}
+    return {"workload": workload.key, "config": {"index": found.config.index, "knobs": found.config.to_dict()},
+            "from_workload": found.workload.key, "from_target": str(found.target) if found.target else None,
+            "predicted": found.predicted or None, "template_version": template_version(workload, target)}
+
+
+def request_out(request: ClientRequest) -> dict:
+    return {"workload": request.workload.key, "workload_label": request.workload.label,
+            "target": str(request.target), "target_label": request.target.label, "first_asked": request.first_asked,
+            "last_asked": request.last_asked, "times_asked": request.times_asked, "job_id": request.job_id,
+            "job_status": request.job_status}
+
+
+def create_app(database: Database, runner: Runner | None = None, token: str | None = None,
+               client_jobs: ClientJobs | None = ClientJobs()) -> FastAPI:
+    """The app; `client_jobs` is what a client's POST /api/requests queues, None to queue nothing for clients."""
     @asynccontextmanager
     async def lifespan(_):
         if runner:
@@ -162,6 +183,7 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
         return JSONResponse({"detail": f"the database is unavailable, try again shortly: {reason}"}, status_code=503,
                             headers={"Retry-After": "5"})
     queue = JobQueue(database)
+    requests = ClientRequests(database)
     reference = NumpyReference()
     writer = [Depends(bearer(token))]
 
@@ -230,6 +252,35 @@ def create_app(database: Database, runner: Runner | None = None, token: str | No
                 "config": {"index": record.input.config.index, "knobs": record.input.config.to_dict()},
                 "gflops": record.result.gflops, "median_seconds": record.result.median,
                 "samples": list(record.result.samples), "worker": record.result.worker, "host": record.result.host}
+
+    @app.get("/api/best/batch", response_model=ServedConfigsOut)
+    def best_batch(workload: list[str] = Query(min_length=1, max_length=MAX_BATCH,
+                                               examples=[["matmul(M=64,N=64,K=64,dtype=float32)"]]),
+                   target: str = Query(max_length=256, examples=["llvm -mcpu=znver3 -mattr=+avx2 -threads=8"])):
+        """The config each workload builds with, as `apply_history_best` would choose it from this database: its
+        best on this target or the most similar one, else its nearest stored shape's (db.HistoryBest). A client of
+        the service (db/served.py) sends its target in full, and no name is checked: it may be another host's CPU."""
+        try:
+            chosen, on = [Workload.from_key(key) for key in workload], Target.parse(target)
+        except (WorkloadError, ValueError) as error:
+            raise HTTPException(422, str(error)) from None
+        found = HistoryBest(database).query_nearest_many(chosen, on)
+        return {"target": str(on), "configs": [served_out(one, on, found[one]) for one in chosen]}
+
+    @app.post("/api/requests", status_code=202, response_model=ClientRequestOut, dependencies=writer,
+              responses={403: {"description": "this service queues no jobs for clients (--no-client-jobs)"}})
+    def ask(request: ClientRequestIn):
+        """A client built this workload without a stored config of its own: queue one job tuning it, unless one is
+        queued, running or done (db/client_requests.py)."""
+        if client_jobs is None:
+            raise HTTPException(403, "this service queues no jobs for clients (it runs with --no-client-jobs)")
+        refuse_unmeasurable(request.target, runner)
+        return request_out(requests.ask(request.parsed(), Target.parse(request.target), client_jobs))
+
+    @app.get("/api/requests", response_model=list[ClientRequestOut])
+    def client_requests(limit: int = Query(100, ge=1, le=1000)):
+        """What clients asked to have tuned, the most recently asked first."""
+        return [request_out(request) for request in requests.requests(limit)]
 
     @app.get("/api/workloads", response_model=WorkloadsOut)
     def workloads():

@@ -3,14 +3,35 @@ the CLI (`Workload.make`, `Target.parse`), so a bad request gets their precise m
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 
 from search_space import NoTemplate, Target, TargetError, Workload, WorkloadError, get_space
 
 TunerName = Literal["xgb", "random", "grid", "ga"]
 MAX_TRIALS = 100_000
+MAX_BATCH = 64  # workloads per GET /api/best/batch
+
+
+def parse_target(text: str) -> Target:
+    try:
+        return Target.parse(text, check_names=True)
+    except TargetError as error:
+        raise ValueError(str(error)) from None
+
+
+def check_tunable(workload: Workload, target: str) -> None:
+    """A workload nothing could tune is refused when asked for, not failed later."""
+    try:
+        get_space(workload, target)
+    except NoTemplate as error:
+        raise ValueError(str(error)) from None
+
+
+# A target a job is made for, in its full form (the host's CPU filled in), its names checked.
+TargetIn = Annotated[str, Field(max_length=256, examples=["llvm -threads=1"]),
+                     AfterValidator(lambda text: str(parse_target(text)))]
 
 
 class WorkloadIn(BaseModel):
@@ -37,14 +58,9 @@ class ModelIn(BaseModel):
 class JobIn(BaseModel):
     workload: Optional[WorkloadIn] = None
     model: Optional[ModelIn] = Field(None, description="a model tuned as a whole: one job per task, one budget")
-    target: str = Field("llvm", max_length=256, examples=["llvm -threads=1"])
+    target: TargetIn = "llvm"
     trials: int = Field(64, ge=1, le=MAX_TRIALS, description="the budget; a model job's, over all its tasks")
     tuner: TunerName = "xgb"
-
-    @field_validator("target")
-    @classmethod
-    def _target(cls, text: str) -> str:
-        return str(parse_target(text))
 
     @model_validator(mode="after")
     def _tunable(self) -> JobIn:
@@ -53,18 +69,8 @@ class JobIn(BaseModel):
         if (self.workload is None) == (self.model is None):
             raise ValueError("a job tunes a workload or a model: give exactly one of the two")
         if self.workload is not None:
-            try:
-                get_space(self.workload.workload(), self.target)
-            except NoTemplate as error:
-                raise ValueError(str(error)) from None
+            check_tunable(self.workload.workload(), self.target)
         return self
-
-
-def parse_target(text: str) -> Target:
-    try:
-        return Target.parse(text, check_names=True)
-    except TargetError as error:
-        raise ValueError(str(error)) from None
 
 
 class JobOut(BaseModel):
@@ -170,3 +176,52 @@ class WorkersOut(BaseModel):
     pool: str
     runners: list[RunnerOut]
     ray_nodes: list[RayNodeOut] = Field(description="the Ray cluster's nodes when a Ray pool is active")
+
+
+class ServedConfigOut(BaseModel):
+    workload: str
+    config: Optional[dict] = Field(description="{index, knobs} to build with, fitted to this workload's space; null "
+                                               "when neither it nor another shape of its op has one stored")
+    from_workload: Optional[str] = Field(description="the workload it was measured on: this one, or the nearest "
+                                                     "stored shape of its op (same options) it is borrowed from")
+    from_target: Optional[str] = Field(description="the stored target it was measured on when not the one asked: "
+                                                   "the most similar one")
+    predicted: Optional[str] = Field(None, description="set when the config was measured nowhere: what predicted "
+                                                       "it (a cost model over the op's other shapes' records)")
+    template_version: Optional[int] = Field(None, description="the version of the template the config is for: a "
+                                                              "client with another version ignores it")
+
+
+class ServedConfigsOut(BaseModel):
+    target: str
+    configs: list[ServedConfigOut] = Field(description="one per workload asked, in the order asked")
+
+
+class ClientRequestIn(BaseModel):
+    workload: str = Field(max_length=512, examples=["matmul(M=64,N=64,K=64,dtype=float32)"])
+    target: TargetIn
+
+    def parsed(self) -> Workload:
+        return Workload.from_key(self.workload)
+
+    @model_validator(mode="after")
+    def _tunable(self) -> ClientRequestIn:
+        try:
+            workload = self.parsed()
+        except WorkloadError as error:
+            raise ValueError(str(error)) from None
+        check_tunable(workload, self.target)
+        return self
+
+
+class ClientRequestOut(BaseModel):
+    workload: str
+    workload_label: str
+    target: str
+    target_label: str
+    first_asked: datetime
+    last_asked: datetime
+    times_asked: int = Field(description="reports of clients that built it without a config of its own")
+    job_id: Optional[int] = Field(description="the job tuning it: the one a request queued, or one queued, running "
+                                              "or done already; null while the cap on queued client jobs is reached")
+    job_status: Optional[str]

@@ -13,6 +13,7 @@ from typing import List, Optional
 import typer
 
 from db import Record, export_log, import_log, upgrade
+from search_space import NoTemplate, Target, Workload, template_version
 
 from .cli_args import (DB_OPTION, OP_ARGUMENT, TARGET_OPTION, console, fail, open_database, parse_target,
                        parse_workload, writing_file, writing_to)
@@ -28,7 +29,7 @@ def describe(record: Record, same_config: int, total: int) -> dict:
         "samples": list(result.samples), "compile_seconds": result.compile_seconds,
         "measured_at": datetime.fromtimestamp(result.finished_at, timezone.utc).isoformat()
         if result.finished_at else None, "host": result.host, "worker": result.worker,
-        "job_id": record.job_id, "record_id": record.id,
+        "job_id": record.job_id, "record_id": record.id, "template_version": record.template_version,
         "measurements_of_config": same_config, "measurements": total,
     }
 
@@ -40,6 +41,22 @@ def stored_best(database, workload, target) -> dict | None:
         return None
     config = found[0].input.config.index
     return describe(found[0], database.count(workload, target, config), database.count(workload, target))
+
+
+def stale_message(versions: dict[int | None, int], workload: Workload, target: Target) -> str | None:
+    """What `best` says when records of the workload exist on the target (`versions`: how many of each template
+    version) but none of today's version; None when there are none, or some of today's."""
+    try:
+        today = template_version(workload, target)
+    except NoTemplate:
+        return None
+    if not versions or today in versions:
+        return None
+    numbered = sorted(version for version in versions if version is not None)
+    origins = ([f"template version{'s' * (len(numbered) > 1)} {', '.join(map(str, numbered))}"] if numbered else []) + (
+        ["unversioned with no ok config in today's space"] if None in versions else [])
+    return (f"{sum(versions.values())} record(s) of {workload.key} on target {target}, all from "
+            f"{' or '.join(origins)} (today's is {today}): tune again")
 
 
 def print_best(info: dict) -> None:
@@ -64,7 +81,9 @@ def best(op: str = OP_ARGUMENT,
     workload, target_ = parse_workload(op, params), parse_target(target)
     with open_database(db) as database:
         info = stored_best(database, workload, target_)
-        missing = f"no successful measurement of {workload.key} on target {target_} in {database}"
+        versions = {} if info else database.template_versions(workload, target_)
+        missing = (stale_message(versions, workload, target_)
+                   or f"no successful measurement of {workload.key} on target {target_} in {database}")
     if info is None:
         if as_json:
             print(json.dumps({"error": missing, "workload": workload.key, "target": str(target_)}))

@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from db.client_requests import ClientJobs
+
 from .cli_args import DB_OPTION, WORKERS_HELP, check_workers, console, open_database
 from .runner import default_workers
 
@@ -25,7 +27,12 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"),
           port: int = typer.Option(8000, "--port", min=1, max=65535),
           db: Optional[str] = DB_OPTION,
           workers: str = typer.Option(default_workers(), "--workers", help=WORKERS_HELP),
-          runners: int = typer.Option(1, "--runners", min=1, help="jobs tuned at once")):
+          runners: int = typer.Option(1, "--runners", min=1, help="jobs tuned at once"),
+          client_jobs: bool = typer.Option(True, "--client-jobs/--no-client-jobs",
+                                           help="queue a tuning job for each workload a client reports building "
+                                                "without a config (POST /api/requests)"),
+          client_trials: int = typer.Option(ClientJobs.trials, "--client-trials", min=1, max=100_000,
+                                            help="the budget of each job queued for clients")):
     """Serve the API and run queued jobs; TENSORTUNE_TOKEN guards every POST."""
     import uvicorn
 
@@ -42,7 +49,9 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"),
     logging.getLogger("tensortune").setLevel(logging.INFO)
     database = open_database(db)
     runner = Runner(database, RunnerOptions(threads=runners, workers=workers))
-    server = quiet_shutdown(uvicorn.Config(create_app(database, runner, token), host=host, port=port, log_level="info"))
+    jobs = ClientJobs(trials=client_trials) if client_jobs else None
+    server = quiet_shutdown(uvicorn.Config(create_app(database, runner, token, jobs), host=host, port=port,
+                                           log_level="info"))
     try:
         server.run()
     except KeyboardInterrupt:  # the Ctrl-C it shut down for, raised again once it has: a stop as asked (exit 0)

@@ -1,4 +1,6 @@
-"""Start a real `tensortune serve` on a free loopback port, for the tests that drive it over HTTP."""
+"""Start a real `tensortune serve` on a free loopback port, for the tests that drive it over HTTP; run a client of
+it in a process of its own."""
+import json
 import socket
 import subprocess
 import sys
@@ -10,6 +12,25 @@ from typing import Iterator
 import httpx
 
 SERVE = [sys.executable, "-m", "service", "serve", "--workers", "local"]
+# A client with only the service's URL: builds each workload under apply_history_best(URL), and says which config
+# each kernel runs, what was warned, and how many SQL connections it opened.
+CLIENT = """
+import json, sys, warnings
+from sqlalchemy import event
+from sqlalchemy.pool import Pool
+from db import apply_history_best
+from search_space import Workload
+from workers import build
+
+connections = []
+event.listen(Pool, "connect", lambda *_: connections.append(1))
+url, cache, target, *keys = sys.argv[1:]
+with warnings.catch_warnings(record=True) as warned:
+    warnings.simplefilter("always")
+    with apply_history_best(url, cache=cache):
+        configs = [build(Workload.from_key(key), target).config.index for key in keys]
+print(json.dumps({"configs": configs, "warnings": [str(w.message) for w in warned], "connections": len(connections)}))
+"""
 
 
 def free_port() -> int:
@@ -76,9 +97,10 @@ def runners_idle(client, seconds: float = 60) -> None:
              "the runners to be idle")
 
 
-def start(url: str, port: int, env: dict, log=subprocess.DEVNULL) -> subprocess.Popen:
-    """The server in its own session (kill it with os.killpg), once /healthz answers; its output to `log`."""
-    server = subprocess.Popen(SERVE + ["--db", url, "--port", str(port)], env=env, start_new_session=True,
+def start(url: str, port: int, env: dict, log=subprocess.DEVNULL, options: tuple = ()) -> subprocess.Popen:
+    """The server in its own session (kill it with os.killpg), once /healthz answers; its output to `log`;
+    `options`: more of serve's."""
+    server = subprocess.Popen(SERVE + ["--db", url, "--port", str(port), *options], env=env, start_new_session=True,
                               stdout=log, stderr=log)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -105,3 +127,11 @@ def served_in_thread(app) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def run_client(url: str, cache, target, workloads: list, env: dict | None = None) -> dict:
+    """CLIENT in a fresh process: {"configs": [index per workload], "warnings": [...], "connections": n}."""
+    done = subprocess.run([sys.executable, "-c", CLIENT, url, str(cache), str(target), *(w.key for w in workloads)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)

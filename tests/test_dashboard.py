@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from db import Database
+from db.client_requests import ClientJobs, ClientRequests
 from search_space import Target, conv2d, matmul
 from service.api import create_app
 from tests.db_helpers import measurement
@@ -139,3 +140,22 @@ def test_a_model_jobs_chart_counts_trials_in_whole_numbers(browser, tmp_path, mo
         ticks = page.evaluate("chart.axes[0]._values")  # the x axis's labels as uPlot drew them
     assert ticks and all(re.fullmatch(r"\d+", tick) for tick in ticks), ticks
     assert {"1", "2", "3"} <= set(ticks), ticks
+
+
+def test_the_dashboard_lists_what_clients_asked_for_with_its_job(browser, tmp_path):
+    """Two clients reported one workload: one row, asked twice, with the job queued for it."""
+    database = Database(tmp_path / "requests.db")
+    workload, target = matmul(40, 40, 40), Target.parse("llvm -threads=1")
+    requests = ClientRequests(database)
+    requests.ask(workload, target, ClientJobs())
+    job = requests.ask(workload, target, ClientJobs()).job_id
+    with served_in_thread(create_app(database)) as url:
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        page.goto(url)
+        page.wait_for_selector("#requests tbody tr")
+        cells = page.eval_on_selector_all("#requests tbody tr td", "cells => cells.map(c => c.textContent)")
+        titles = page.eval_on_selector_all("#requests tbody tr td", "cells => cells.map(c => c.title)")
+        rows = page.locator("#requests tbody tr").count()
+    assert rows == 1 and job is not None
+    assert [cells[0], cells[1], cells[2], cells[4], cells[5]] == [workload.label, target.label, "2", str(job), "queued"]
+    assert titles[:2] == [workload.key, str(target)]

@@ -1,8 +1,10 @@
 """apply_history_best with real kernels: the best stored config is built and computes the right answer; a shape
-nothing was tuned at borrows the config of its nearest stored shape."""
+nothing was tuned at borrows the config of its nearest stored shape; records of another template version are never
+applied, unversioned ones only where their config is in today's space."""
 from __future__ import annotations
 
 import contextvars
+import json
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -10,10 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from db_helpers import database, db_url, measurement, other_threads  # noqa: F401 (fixtures)
+from typer.testing import CliRunner
 
 from db import Database, apply_history_best, export_log, similar_target_message
-from search_space import Target, dense, fallback_config, get_space, host_target, matmul
-from workers import Outcome, build
+from search_space import Config, Target, dense, fallback_config, get_space, host_target, matmul
+from search_space.templates import gemm
+from service.cli import app
+from workers import MeasureInput, Outcome, build
 
 WORKLOAD = matmul(24, 24, 24)
 
@@ -171,3 +176,52 @@ def test_the_shape_itself_when_stored_and_none_when_its_op_never_was(database):
         found = history.query_nearest(wanted, target)
         assert found.workload == wanted and found.config.index == 123
         assert history.query_nearest(matmul(100, 48, 32), target) is None
+
+
+def test_a_template_version_change_makes_old_records_ignored(database, db_url, caught, monkeypatch):
+    """After gemm's VERSION is bumped, its records are stale: builds fall back, `best` says to tune again, the
+    job that measured them no longer counts as done, and a record of the new version is applied."""
+    target = host_target()
+    job = database.create_job(WORKLOAD, target, "random", 2, "done")
+    for index, median in [(100, 3e-5), (2000, 1e-5)]:
+        database.record(*measurement(WORKLOAD, target, index, median), job_id=job)
+    assert database.done_job(WORKLOAD, target, "random", 2).id == job
+    monkeypatch.setattr(gemm, "VERSION", gemm.VERSION + 1)
+    assert database.done_job(WORKLOAD, target, "random", 2) is None  # the same request tunes anew, not shows it
+    with apply_history_best(database):
+        assert build(WORKLOAD).config == fallback_config(WORKLOAD, target)
+    assert messages(caught) == [fallback_text(WORKLOAD, target)]
+    shown = CliRunner().invoke(app, ["best", "matmul", "M=24", "N=24", "K=24", "--db", db_url])
+    assert shown.exit_code == 1
+    assert (f"2 record(s) of {WORKLOAD.key} on target {target}, all from template version {gemm.VERSION - 1} "
+            f"(today's is {gemm.VERSION}): tune again") in " ".join(shown.stderr.split())
+    database.record(*measurement(WORKLOAD, target, 30000, 2e-5))
+    with apply_history_best(database):
+        assert build(WORKLOAD).config.index == 30000
+
+
+def autotvm_line(workload, target, config: Config, median: float) -> str:
+    """A line as AutoTVM writes it: no template version."""
+    return json.dumps({"input": [str(target), workload.op, [workload.p[d] for d in workload.spec.dims], {}],
+                       "config": {"index": config.index, "code_hash": None,
+                                  "entity": [[name, "ot", value] for name, value in config.to_dict().items()]},
+                       "result": [[median] * 3, 0, 1.0, 1700000000.0], "version": 0.2})
+
+
+def test_unversioned_records_apply_where_their_config_is_in_todays_space(database, tmp_path, monkeypatch):
+    """An AutoTVM log's configs are applied whatever today's version, as long as today's space has them; a
+    faster unversioned record whose knobs today's space has not is passed over."""
+    target = host_target()
+    config = get_space(WORKLOAD, target).get(2000)
+    (tmp_path / "autotvm.log").write_text(autotvm_line(WORKLOAD, target, config, 2e-5) + "\n")
+    with apply_history_best(tmp_path / "autotvm.log"):
+        assert build(WORKLOAD).config == config
+    monkeypatch.setattr(gemm, "VERSION", gemm.VERSION + 1)
+    untemplated = Config(7, tuple((name, 99 if name == "unroll_k" else value) for name, value in config.values))
+    database.record_many([(*measurement(WORKLOAD, target, 2000, 2e-5), None),
+                          (MeasureInput(WORKLOAD, target, untemplated), measurement(WORKLOAD, target, 7, 1e-7)[1],
+                           None)])
+    with apply_history_best(database):
+        kernel = build(WORKLOAD)
+    assert kernel.config == config
+    check_output(kernel)

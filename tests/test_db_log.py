@@ -1,4 +1,5 @@
-"""AutoTVM-style JSON-lines export and import: lossless round trip, plain v0.2 lines, malformed lines, best-only."""
+"""AutoTVM-style JSON-lines export and import: lossless round trip (template versions too), plain v0.2 lines
+(unversioned), malformed lines, best-only."""
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import pytest
 from db_helpers import database, db_url, measurement, other_threads  # noqa: F401 (fixtures)
 
 from db import Database, LogError, decode, export_log, import_log
-from search_space import dense, host_target, matmul
-from workers import Outcome
+from search_space import Config, dense, host_target, matmul, template_version
+from workers import MeasureInput, Outcome
 
 WORKLOAD = matmul(32, 32, 32)
 DENSE = dense(16, 32, 8, bias=True, epilogue="gelu")
@@ -25,7 +26,7 @@ def fill(database: Database) -> None:
 
 
 def comparable(database: Database) -> list:
-    return [(record.input, record.result) for record in database.records()]
+    return [(record.input, record.result, record.template_version) for record in database.records()]
 
 
 def test_round_trip_is_lossless(database, tmp_path):
@@ -73,8 +74,8 @@ def test_a_plain_autotvm_line_imports(tmp_path):
         "config": {"index": 9, "code_hash": None,
                    "entity": [[name, "ot", value] for name, value in measure_input.config.to_dict().items()]},
         "result": [list(result.samples), 0, 2.5, 1700000000.0], "version": 0.2, "tvm_version": "0.19.0"})
-    got_input, got = decode(line)
-    assert got_input == measure_input
+    got_input, got, version = decode(line)
+    assert got_input == measure_input and version is None
     assert (got.outcome, got.samples, got.started_at, got.finished_at) == (Outcome.OK, result.samples, 1699999997.5,
                                                                            1700000000.0)
     assert got.flops == WORKLOAD.flops and got.worker == "" and got.compile_seconds == 0.0
@@ -97,14 +98,16 @@ def test_malformed_lines_are_rejected_by_number_and_the_rest_imported(database, 
         json.dumps(record | {"result": [[1e-5], 42, 0.0, 0.0]}),
         json.dumps(record | {"input": ["tpu", "matmul", [32, 32, 32], {}]}),
         json.dumps(record | {"input": [str(host_target()), "matmul", [32, 0, 32], {}]}),
+        json.dumps(record | {"tensortune": record["tensortune"] | {"template_version": "one"}}),
         good[1],
     ]
     (tmp_path / "mixed.log").write_text("\n".join(lines) + "\n")
     with Database(f"sqlite:///{tmp_path / 'mixed.db'}") as target_db:
         report = import_log(target_db, tmp_path / "mixed.log")
         assert report.imported == 2 and target_db.count(WORKLOAD, host_target()) == 2
-    assert [number for number, _ in report.rejected] == [2, 3, 4, 6, 7, 8, 9]
+    assert [number for number, _ in report.rejected] == [2, 3, 4, 6, 7, 8, 9, 10]
     assert "not JSON" in report.rejected[0][1] and "conv9d" in report.rejected[2][1]
+    assert "template_version must be an integer" in report.rejected[-1][1]
     with pytest.raises(LogError, match="version 0.2"):
         decode(lines[2])
 
@@ -119,3 +122,28 @@ def test_best_only_keeps_the_fastest_ok_per_workload_and_target(database, tmp_pa
         assert import_log(best_db, tmp_path / "all.log", best_only=True).imported == 3
         assert sorted(r.input.config.index for r in best_db.records()) == [11, 13, 14]
         assert best_db.best(WORKLOAD, host_target())[0].result == database.best(WORKLOAD, host_target())[0].result
+
+
+def test_template_versions_survive_export_and_import(database, tmp_path):
+    """Today's, a stale version's (whose config today's space has not: kept as written, never best) and
+    unversioned records go out with their version and come back with it; best-only keeps today's best beside a
+    faster stale one."""
+    target = host_target()
+    today = template_version(WORKLOAD, target)
+    measure_input, result = measurement(WORKLOAD, target, 5, 1e-7)
+    old_knobs = Config(5, tuple((name, "gone" if name == "order" else value)
+                                for name, value in measure_input.config.values))
+    database.record(*measurement(WORKLOAD, target, 10, 3e-5))
+    database.record_many([(MeasureInput(WORKLOAD, target, old_knobs), result, today - 1),
+                          (*measurement(WORKLOAD, target, 11, 2e-5), None)])
+    export_log(database, tmp_path / "all.log")
+    lines = [json.loads(line) for line in (tmp_path / "all.log").read_text().splitlines()]
+    assert [line["tensortune"]["template_version"] for line in lines] == [today, today - 1, None]
+    with Database(f"sqlite:///{tmp_path / 'copy.db'}") as copy:
+        assert import_log(copy, tmp_path / "all.log").rejected == []
+        assert comparable(copy) == comparable(database)
+        assert [r.input.config.index for r in copy.best(WORKLOAD, target, limit=3)] == [11, 10]
+    with Database(f"sqlite:///{tmp_path / 'best.db'}") as best_db:
+        import_log(best_db, tmp_path / "all.log", best_only=True)
+        assert [r.template_version for r in best_db.best(WORKLOAD, target)] == [None]
+        assert best_db.template_versions(WORKLOAD, target) == {today: 1, today - 1: 1, None: 1}

@@ -1,4 +1,5 @@
-"""Database: schema and migrations, recording, best-config queries and job bookkeeping, on both backends."""
+"""Database: schema and migrations, recording, best-config queries (of today's template version) and job
+bookkeeping, on both backends."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,9 +13,9 @@ from sqlalchemy.exc import IntegrityError
 from db import Database, resolve_url, upgrade
 from db.migrate import current_revision, head_revision
 from db.models import Base
-from db.queries import BEST
-from search_space import host_target, matmul
-from workers import Outcome
+from db.queries import BEST, PAGE, UNVERSIONED
+from search_space import Config, get_space, host_target, matmul, template_version
+from workers import MeasureInput, Outcome
 
 WORKLOAD = matmul(32, 32, 32)
 
@@ -105,17 +106,70 @@ def query_plan(connection, statement, params: dict) -> str:
     return "\n".join(str(row) for row in connection.exec_driver_sql(explain + compiled.string, values))
 
 
-def test_the_best_query_reads_the_best_index_in_order(database):
-    """The code's own statement: one seek on ix_measurements_best and no sort (PostgreSQL is kept off
-    sequential scans, which it prefers on a table this small)."""
+@pytest.mark.parametrize("statement, bound", [(BEST, {"version": 1, "limit": 1}),
+                                              (UNVERSIONED, {"size": 64, "offset": 0})], ids=["today", "unversioned"])
+def test_the_best_query_reads_the_best_index_in_order(database, statement, bound):
+    """The code's own statements, for today's version and for unversioned records: each one seek on
+    ix_measurements_best and no sort (PostgreSQL is kept off sequential scans, which it prefers on a table this
+    small)."""
     for index in range(5):
         database.record(*measurement(WORKLOAD, host_target(), index, 1e-5 * (index + 1)))
     with database.engine.connect() as connection:
         if connection.dialect.name == "postgresql":
             connection.exec_driver_sql("SET enable_seqscan = off")
-        plan = query_plan(connection, BEST, {"workload": WORKLOAD.key, "target": str(host_target()), "limit": 1})
+        plan = query_plan(connection, statement, {"workload": WORKLOAD.key, "target": str(host_target())} | bound)
     assert "ix_measurements_best" in plan
     assert "TEMP B-TREE" not in plan and "Sort" not in plan, plan
+
+
+def foreign(config: Config, index: int | None = None, **knobs) -> Config:
+    """`config` with other knob values, or another index: a config of no version of today's space."""
+    return Config(config.index if index is None else index,
+                  tuple((name, knobs.get(name, value)) for name, value in config.values))
+
+
+def test_records_carry_the_template_version_they_were_measured_with(database):
+    target = host_target()
+    today = template_version(WORKLOAD, target)
+    database.record(*measurement(WORKLOAD, target, 1, 1e-5))
+    database.record_many([measurement(WORKLOAD, target, 2, 2e-5), (*measurement(WORKLOAD, target, 3, 3e-5), None),
+                          (*measurement(WORKLOAD, target, 4, 4e-5), today - 1)])
+    assert [(r.input.config.index, r.template_version) for r in database.records()] == [
+        (1, today), (2, today), (3, None), (4, today - 1)]
+    assert database.template_versions(WORKLOAD, target) == {today: 2, None: 1, today - 1: 1}
+
+
+def test_best_skips_other_versions_and_unversioned_configs_outside_todays_space(database):
+    """Only today's records and unversioned ones whose config is in today's space, fastest first, however many
+    faster unversioned records do not fit (they are read a page at a time)."""
+    target = host_target()
+    today = template_version(WORKLOAD, target)
+    config = get_space(WORKLOAD, target).get(12)
+    database.record(*measurement(WORKLOAD, target, 10, 3e-5))
+    database.record_many([
+        (*measurement(WORKLOAD, target, 11, 1e-6), today - 1),  # fastest, but stale
+        (*measurement(WORKLOAD, target, 12, 2e-5), None),  # unversioned, in today's space
+        *[(MeasureInput(WORKLOAD, target, foreign(config, tile_m=(-1, 3, 999))), result, None)
+          for _, result in [measurement(WORKLOAD, target, 12, 1e-7)] * (PAGE + 1)],  # knobs not in the space
+        (MeasureInput(WORKLOAD, target, foreign(config, index=13)), measurement(WORKLOAD, target, 12, 1e-7)[1],
+         None),  # the knobs of 12 under another index
+    ])
+    best = database.best(WORKLOAD, target, limit=5)
+    assert [(r.input.config.index, r.template_version) for r in best] == [(12, None), (10, today)]
+    assert database.template_versions(WORKLOAD, target) == {today: 1, today - 1: 1, None: PAGE + 3}
+
+
+def test_a_new_job_starts_from_records_that_apply_today(database):
+    """What a job's tuner learns from and never measures again: a stale config is measured again."""
+    target, other = host_target(), matmul(16, 32, 32)
+    today = template_version(WORKLOAD, target)
+    for workload in (WORKLOAD, other):
+        database.record_many([measurement(workload, target, 1, 1e-5), (*measurement(workload, target, 2, 1e-6),
+                                                                         today - 1)])
+    job = database.create_job(WORKLOAD, target, "xgb", 10)
+    assert [r.input.config.index for r in database.known_records(WORKLOAD, target, job)] == [1]
+    assert {w: [r.input.config.index for r in found] for w, found in database.op_records("matmul", target).items()} \
+        == {WORKLOAD: [1], other: [1]}
 
 
 def test_default_url(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Every migration's downgrade undoes its upgrade, on both backends: a downgrade that dropped the wrong column or
-index would leave a schema no revision has, and the next upgrade would fail or build on it."""
+index would leave a schema no revision has, and the next upgrade would fail or build on it. And data migrates:
+measurements of revision 0003 carry template version 1 after 0004."""
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
@@ -9,10 +10,14 @@ from typing import Iterator
 import pytest
 from alembic import command
 from alembic.script import ScriptDirectory
-from db_helpers import BACKENDS, pg_schema
-from sqlalchemy import Engine, create_engine, inspect
+from db_helpers import BACKENDS, measurement, pg_schema
+from sqlalchemy import Engine, create_engine, insert, inspect, select
 
+from db import Database
 from db.migrate import alembic_config, current_revision
+from db.models import MeasurementRow, TargetRow, WorkloadRow
+from db.records import measurement_values, target_values, workload_values
+from search_space import host_target, matmul
 
 
 @contextmanager
@@ -74,3 +79,26 @@ def test_each_downgrade_restores_the_schema_of_the_revision_before(backend, tmp_
             assert schema(round_trips) == expected[step - 1], f"downgrade from {revision}"
             migrate(round_trips, revision)
             assert schema(round_trips) == expected[step], f"upgrade to {revision} after its downgrade"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_measurements_of_revision_0003_get_template_version_1_and_stay_best(backend, tmp_path):
+    """They were measured with the templates of version 1, so the best of a database upgraded past 0004 is the
+    best it had."""
+    workload, target = matmul(32, 32, 32), host_target()
+    with fresh_engine(backend, tmp_path / "old.db") as engine:
+        migrate(engine, "0003")
+        with engine.begin() as connection:
+            workload_id = connection.scalar(insert(WorkloadRow).values(workload_values(workload))
+                                            .returning(WorkloadRow.id))
+            target_id = connection.scalar(insert(TargetRow).values(target_values(target)).returning(TargetRow.id))
+            for index, median in [(10, 3e-5), (11, 1e-5)]:  # the columns of revision 0003: no template_version
+                connection.execute(insert(MeasurementRow).values(
+                    workload_id=workload_id, target_id=target_id, **measurement_values(
+                        *measurement(workload, target, index, median))))
+        migrate(engine, "0004")
+        with engine.connect() as connection:
+            assert connection.scalars(select(MeasurementRow.template_version)).all() == [1, 1]
+        with Database(engine.url.render_as_string(hide_password=False)) as database:
+            (best,) = database.best(workload, target)
+    assert (best.input.config.index, best.template_version) == (11, 1)

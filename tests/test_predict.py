@@ -1,15 +1,20 @@
 """Predicted configs: from real measurements of an op's other shapes, a valid config of an unseen shape's space,
-for every CPU op; from another target's records when this one has none; none from too few records."""
+for every CPU op; from another target's records when this one has none; none from too few records; what
+apply_history_best and the torch backend build a shape nobody tuned with."""
 import json
+import logging
 import subprocess
 import sys
+import warnings
 
 import pytest
 
-from db import Database
-from search_space import Target, batch_matmul, conv2d, dense, get_space, matmul
+from db import Database, apply_history_best
+from db.served import measured_here
+from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, matmul
 from tuner.predict import MIN_RECORDS, predict_config
 from tuner.tune import tune
+from workers import build
 from workers.pool import make_pool
 from workers.task import MeasureOptions
 
@@ -75,3 +80,43 @@ def test_predict_command_prints_the_config_or_says_why_not(tuned, tmp_path):
                                         "--db", f"sqlite:///{tmp_path}/none.db"],
                              capture_output=True, text=True)
     assert refused.returncode == 1 and "too few records of conv2d" in refused.stdout + refused.stderr
+
+
+def test_apply_history_best_builds_an_untuned_shape_with_its_prediction_and_says_so(tuned):
+    unseen = matmul(40, 24, 24)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with apply_history_best(tuned):
+            built = [build(unseen, TARGET), build(unseen, TARGET)]
+    assert built[0].config == built[1].config == predict_config(tuned, unseen, TARGET).config
+    assert [str(w.message) for w in caught] == [
+        f"No config measured for workload={unseen.key} on target={TARGET}; using the config predicted by a cost model "
+        f"trained on {2 * TRIALS} records of 2 other shapes on {TARGET}."]
+    with tuned.read_sessions() as session, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with apply_history_best(session):  # a bare session: nothing to train on, so the fallback
+            assert build(unseen, TARGET).config == fallback_config(unseen, TARGET)
+    assert "A fallback configuration is used" in str(caught[0].message)
+
+
+def test_the_backend_runs_a_shape_with_no_tuned_neighbour_on_its_predicted_config(tuned, caplog):
+    """A linear layer without bias has no tuned shape of its options to borrow from: the dense records of the
+    shapes with bias predict its config, said in one line, and the model computes what eager does."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(48, 40, bias=False).eval()
+    x = torch.randn(8, 48)
+    caplog.set_level(logging.INFO, logger="tensortune.frontend")
+    with torch.inference_mode():
+        compiled = torch.compile(model, backend="tensortune", options={"db": str(tuned.url), "target": str(TARGET)})
+        assert torch.allclose(compiled(x), model(x), atol=1e-4)
+    unseen = dense(8, 40, 48)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tensortune.frontend" and "predicted" in r.getMessage()]
+    assert lines == [f"tensortune: 1 kernels have no tuned shape of their op to borrow a config from and run predicted "
+                     f"ones: {unseen.label} ({predict_config(tuned, unseen, TARGET).describe()})"]
+
+
+def test_a_served_predicted_config_counts_as_one_to_tune():
+    workload = dense(8, 40, 48)
+    assert measured_here(workload, {"from_workload": workload.key, "predicted": None})
+    assert not measured_here(workload, {"from_workload": workload.key, "predicted": "predicted by a cost model"})
+    assert not measured_here(workload, {"from_workload": dense(9, 40, 48).key, "predicted": None})

@@ -7,4 +7,6 @@ from .xgb_tuner import XGBOptions, XGBTuner
 
 TUNERS = {"xgb": XGBTuner, "random": RandomTuner, "grid": GridTuner, "ga": GATuner}
 
+from . import predict  # noqa: E402  registers predicted configs with db's apply_history_best (it needs TUNERS)
+
 __all__ = ["GAOptions", "GATuner", "GridTuner", "RandomTuner", "TUNERS", "Tuner", "XGBOptions", "XGBTuner"]

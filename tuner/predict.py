@@ -6,6 +6,9 @@ what a config does, whichever CPU ran it, and the ranking objective compares con
 target). Simulated annealing over the model searches the space from the configs worth trying anyway: the nearest
 shapes' best ones (fitted) and the template's fallback, which stay in the running. What the model cannot tell
 apart, it does not pretend to: with fewer than MIN_RECORDS records there is no prediction.
+
+Importing it (the tuner package does) registers `stored_prediction` with db.history, so that
+`apply_history_best` and the torch backend build a workload that has no record with its predicted config.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from db import Database
+from db.history import StoredConfig, register_predictor
 from db.matching import most_similar
 from db.queries import stored_targets
 from search_space import Config, Target, Workload, fallback_config, get_space
@@ -75,3 +79,12 @@ def predict_config(database: Database, workload: Workload, target: Target | str,
     candidates = list({config.index: config for config in plan + known}.values())
     best = candidates[int(np.argmax(model.predict(candidates)))]
     return Prediction(best, records, len(past), targets)
+
+
+def stored_prediction(database: Database, workload: Workload, target: Target) -> StoredConfig | None:
+    """`predict_config` as db.history's contexts answer: the config, for this workload, saying what predicted it."""
+    prediction = predict_config(database, workload, target)
+    return StoredConfig(prediction.config, workload, predicted=prediction.describe()) if prediction else None
+
+
+register_predictor(stored_prediction)

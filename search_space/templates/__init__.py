@@ -33,6 +33,12 @@ def template(workload: Workload, target: Target) -> ModuleType:
     return found
 
 
+def template_version(workload: Workload, target: Target | str = "llvm") -> int:
+    """The version of the template a config of this workload is lowered by: records of another version are
+    configs of other code, never applied."""
+    return template(workload, Target.parse(target)).VERSION
+
+
 @lru_cache(maxsize=256)
 def get_space(workload: Workload, target: Target | str = "llvm") -> ConfigSpace:
     """The ConfigSpace of a workload on a target (cached: spaces are immutable)."""

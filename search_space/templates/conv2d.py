@@ -19,6 +19,7 @@ from ..workload import Workload, conv2d_output
 from .epilogue import epilogue
 from .gemm import UNROLL_CHOICES
 
+VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
 OWR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 28)
 KB_VECTORS = (1, 2, 3, 4)
 

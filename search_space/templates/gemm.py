@@ -17,6 +17,7 @@ from ..workload import Workload
 from .epilogue import epilogue
 from .gemm_operands import gemm_operands
 
+VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 NR_CHOICES = (4, 8, 12, 16, 24, 32, 48, 64)
 BLOCK_CHOICES = (1, 2, 4, 8, 16, 32, 64)

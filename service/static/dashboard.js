@@ -143,6 +143,21 @@ function renderJob(job) {
   renderChart(job, isModel);
 }
 
+// What clients built with no config of their own, and the job tuning each.
+function renderRequests(requests) {
+  const body = $("requests").tBodies[0];
+  body.replaceChildren();
+  for (const request of requests) {
+    const row = body.insertRow();
+    cell(row, request.workload_label).title = request.workload;
+    cell(row, request.target_label).title = request.target;
+    cell(row, request.times_asked);
+    cell(row, new Date(request.last_asked).toLocaleString());
+    cell(row, request.job_id ?? "– (queue full)");
+    cell(row, request.job_status ?? "–", request.job_status ? `status-${request.job_status}` : "");
+  }
+}
+
 function renderWorkers(workers) {
   $("workers-host").textContent = `service host ${workers.host} · CPU ${workers.cpu} · pool ${workers.pool || "none"}`;
   const body = $("workers").tBodies[0];
@@ -166,11 +181,13 @@ function renderWorkers(workers) {
 
 async function refresh() {
   try {
-    const [jobs, workers] = await Promise.all([getJson("/api/jobs"), getJson("/api/workers")]);
+    const [jobs, workers, requests] = await Promise.all(
+      [getJson("/api/jobs"), getJson("/api/workers"), getJson("/api/requests")]);
     if (selected === null && jobs.length) {
       selectJob(jobs.find((job) => job.status === "running") || jobs[0]);
     }
     renderJobs(jobs);
+    renderRequests(requests);
     renderWorkers(workers);
     if (selected !== null) renderJob(await getJson(`/api/jobs/${selected}`));
     $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;

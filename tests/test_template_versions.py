@@ -1,0 +1,76 @@
+"""Each template's VERSION guards the code its configs generate: records measured under another version are never
+applied, so a change to the generated code that keeps the number would let old timings rank configs that now mean
+other code. The code of fixed configs of fixed workloads, on fixed targets (never the host: CI runs on AMD and
+Intel CPUs), is hashed and compared with the hash recorded for the template's version."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from search_space import (InvalidConfig, Target, batch_matmul, conv2d, dense, fallback_config, get_space, lower,
+                          matmul, template_version)
+from search_space.templates import TEMPLATES, template
+from workers import llvm_codegen
+from workers.cuda_codegen import generate as cuda_source
+
+CPU = Target.parse("llvm -mcpu=skylake-avx512 -mattr=+avx,+avx2,+avx512f,+fma -threads=4")
+GPU = Target.parse("cuda -arch=sm_90")
+GEMMS = (matmul(64, 48, 40), dense(96, 64, 32, bias=True, epilogue="gelu"), batch_matmul(2, 32, 48, 16))
+WORKLOADS = {
+    "gemm": (CPU, GEMMS),
+    "conv2d": (CPU, (conv2d(1, 16, 14, 14, 32, 3, 3, 1, 1, bias=True, residual=True, epilogue="relu"),
+                     conv2d(2, 8, 16, 16, 16, 1, 1, 2, 0))),
+    "gemm_cuda": (GPU, GEMMS),
+}
+# (template, VERSION) → the hash of its configs' generated code. Kept for every version, newest last.
+HASHES = {
+    ("gemm", 1): "bd3b8250d2e6354099053e547475f3f89397093ab28b441d53cd1a3559ef08c7",
+    ("conv2d", 1): "92f4821cd7aefeacfa01f76039c11200b5cadb76dcac4ce9b790874d210e3757",
+    ("gemm_cuda", 1): "77f4ed8081bde47ad93c723a9d782935140102ad6c108aa21de7c969a51dd691",
+}
+
+
+def code(workload, target: Target, index: int | None) -> str:
+    """The code config `index` (None: the fallback) generates, LLVM IR before optimisation or CUDA C with its
+    launches; what lowering says when it refuses the config."""
+    space = get_space(workload, target)
+    config = fallback_config(workload, target) if index is None else space.get(index)
+    try:
+        program = lower(workload, target, config)
+    except InvalidConfig as error:
+        return f"{workload.key} config {config.index}: invalid: {error}"
+    if target.kind == "cuda":
+        source = cuda_source(program)
+        return source.code + repr(source.kernels)
+    return str(llvm_codegen.generate(program, target.threads))
+
+
+def code_hash(name: str) -> str:
+    """The hash of the code of index 0, the fallback and four fixed points of each workload's space."""
+    target, workloads = WORKLOADS[name]
+    digest = hashlib.sha256()
+    for workload in workloads:
+        size = get_space(workload, target).size
+        for index in (0, None, 1, size // 3, size // 2, size - 1):
+            digest.update(code(workload, target, index).encode())
+    return digest.hexdigest()
+
+
+def test_every_template_is_covered():
+    assert {module.__name__.rsplit(".", 1)[1] for module in TEMPLATES.values()} == set(WORKLOADS)
+    for name, (target, workloads) in WORKLOADS.items():
+        for workload in workloads:
+            assert template(workload, target).__name__.endswith(f".{name}")
+            assert template_version(workload, target) == template(workload, target).VERSION >= 1
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_generated_code_matches_the_hash_of_the_templates_version(name):
+    target, (workload, *_) = WORKLOADS[name]
+    version = template_version(workload, target)
+    found = code_hash(name)
+    recorded = HASHES.get((name, version))
+    assert recorded == found, (
+        f"the generated code of template {name} changed: bump its VERSION in search_space/templates/{name}.py and "
+        f"record the new hash here: ({name!r}, {version + 1 if recorded else version}): {found!r}")
