@@ -90,8 +90,8 @@ def test_apply_history_best_builds_an_untuned_shape_with_its_prediction_and_says
             built = [build(unseen, TARGET), build(unseen, TARGET)]
     assert built[0].config == built[1].config == predict_config(tuned, unseen, TARGET).config
     assert [str(w.message) for w in caught] == [
-        f"No config measured for workload={unseen.key} on target={TARGET}; using the config predicted by a cost model "
-        f"trained on {2 * TRIALS} records of 2 other shapes on {TARGET}."]
+        f"No config measured for workload={unseen.key} on target={TARGET}; using the config "
+        f"{predict_config(tuned, unseen, TARGET).describe()}."]
     with tuned.read_sessions() as session, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with apply_history_best(session):  # a bare session: nothing to train on, so the fallback
