@@ -7,8 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
+from bench.profile import print_profile
 from db import Database
+from service.cli import app
 
 CLI = [sys.executable, "-m", "service"]
 MODEL_FILE = '''
@@ -82,6 +85,12 @@ def run(*args, cwd):
                           env={**__import__("os").environ, "COLUMNS": "160"})
 
 
+def refused(*args, cwd, monkeypatch):
+    """A command that ends before compiling anything, run in this process (a new one costs seconds of imports)."""
+    monkeypatch.chdir(cwd)
+    return CliRunner().invoke(app, list(args))
+
+
 def test_tune_model_tunes_every_task_then_times_the_model(tmp_path):
     (tmp_path / "models.py").write_text(MODEL_FILE)
     db = f"sqlite:///{tmp_path}/model.db"
@@ -99,11 +108,7 @@ def test_tune_model_tunes_every_task_then_times_the_model(tmp_path):
 
     request = ("tune-model", "models.py:tiny", "--trials", "12", "--tuner", "random", "--target", "llvm -threads=1",
                "--db", db)
-    shown = run(*request, cwd=tmp_path)  # as `tune` does, a finished job is shown and timed, not run again
-    assert shown.returncode == 0, shown.stderr
-    assert "model job 1 already tuned this" in shown.stderr and "eager PyTorch" in shown.stdout
-    assert sum(len(database.job_records(job.id)) for job in jobs) == 12 and database.children(4) == []
-    again = run(*request, "--again", cwd=tmp_path)
+    again = run(*request, "--again", cwd=tmp_path)  # without --again, shown rather than run (as for --seq-lens below)
     assert again.returncode == 0, again.stderr
     assert "12 trials over 2 tasks" in again.stdout and len(database.children(4)) == 2
 
@@ -164,16 +169,17 @@ def test_the_error_is_the_largest_over_every_tensor_of_the_output():
     assert max_difference((zeros, ones * 3), (zeros, ones)) == 2.0
 
 
-def test_models_that_cannot_be_tuned_are_refused_in_one_line(tmp_path):
+def test_models_that_cannot_be_tuned_are_refused_in_one_line(tmp_path, monkeypatch):
     (tmp_path / "models.py").write_text(MODEL_FILE)
-    nothing = run("tune-model", "models.py:nothing", "--db", f"sqlite:///{tmp_path}/x.db", cwd=tmp_path)
-    assert nothing.returncode == 1 and "has no dense, matmul, batch_matmul or conv2d" in nothing.stderr
-    unknown = run("tune-model", "gpt-7", cwd=tmp_path)
-    assert unknown.returncode == 2 and "presets are bert-layer, bert-base, resnet18" in unknown.stderr
-    missing = run("bench", "model", "nowhere.py:make", cwd=tmp_path)
-    assert missing.returncode == 2 and "nowhere.py: cannot get a model from make()" in missing.stderr
-    for refused in (nothing, unknown, missing):
-        assert "Traceback" not in refused.stderr
+    nothing = refused("tune-model", "models.py:nothing", "--db", f"sqlite:///{tmp_path}/x.db", cwd=tmp_path,
+                      monkeypatch=monkeypatch)
+    assert nothing.exit_code == 1 and "has no dense, matmul, batch_matmul or conv2d" in nothing.stderr
+    unknown = refused("tune-model", "gpt-7", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert unknown.exit_code == 2 and "presets are bert-layer, bert-base, resnet18" in unknown.stderr
+    missing = refused("bench", "model", "nowhere.py:make", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert missing.exit_code == 2 and "nowhere.py: cannot get a model from make()" in missing.stderr
+    for each in (nothing, unknown, missing):
+        assert each.exception is None or isinstance(each.exception, SystemExit), each.exception
 
 
 def test_bench_scheduler_compares_both_strategies_at_a_checkpoint(tmp_path):
@@ -212,17 +218,17 @@ def test_tune_model_tunes_every_sequence_length_under_one_budget(tmp_path):
     assert "model job 1 already tuned this" in shown.stderr and shown.stdout.count("eager PyTorch") == 2
 
 
-def test_sequence_lengths_need_a_function_that_takes_seq_len(tmp_path):
+def test_sequence_lengths_need_a_function_that_takes_seq_len(tmp_path, monkeypatch):
     (tmp_path / "models.py").write_text(MODEL_FILE)
-    fixed = run("tune-model", "models.py:tiny", "--seq-lens", "8,16", "--db", f"sqlite:///{tmp_path}/x.db",
-                cwd=tmp_path)
-    assert fixed.returncode == 2 and fixed.stderr.count("\n") == 1, fixed.stderr
+    fixed = refused("tune-model", "models.py:tiny", "--seq-lens", "8,16", "--db", f"sqlite:///{tmp_path}/x.db",
+                    cwd=tmp_path, monkeypatch=monkeypatch)
+    assert fixed.exit_code == 2 and fixed.stderr.count("\n") == 1, fixed.stderr
     assert "models.py: tiny() takes no seq_len" in fixed.stderr and "def tiny(seq_len=128)" in fixed.stderr
-    preset = run("bench", "model", "resnet18", "--seq-lens", "32", cwd=tmp_path)
-    assert preset.returncode == 2 and "resnet18 takes no seq_len" in preset.stderr
-    garbled = run("bench", "model", "models.py:sized", "--seq-lens", "8,x", cwd=tmp_path)
-    assert garbled.returncode == 2 and "--seq-lens 8,x: give positive whole numbers" in garbled.stderr
-    assert not any("Traceback" in refused.stderr for refused in (fixed, preset, garbled))
+    preset = refused("bench", "model", "resnet18", "--seq-lens", "32", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert preset.exit_code == 2 and "resnet18 takes no seq_len" in preset.stderr
+    garbled = refused("bench", "model", "models.py:sized", "--seq-lens", "8,x", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert garbled.exit_code == 2 and "--seq-lens 8,x: give positive whole numbers" in garbled.stderr
+    assert all(each.exception is None or isinstance(each.exception, SystemExit) for each in (fixed, preset, garbled))
 
 
 def test_bench_model_times_every_way_at_every_length(tmp_path):
@@ -240,7 +246,7 @@ def test_bench_model_times_every_way_at_every_length(tmp_path):
         assert set(row["compile_seconds"]) == {"inductor", "tensortune"}
 
 
-def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_outside(tmp_path):
+def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_outside(tmp_path, monkeypatch, capsys):
     """Tiny's two tasks, each per call in the model and alone beside PyTorch's, sorted by loss; what they leave of
     each way's model time is outside them; the table says the same."""
     (tmp_path / "models.py").write_text(MODEL_FILE)
@@ -260,10 +266,11 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     assert row["outside_ms"]["tensortune"] == pytest.approx(row["tensortune_ms"] - in_model, abs=2e-3)
     assert row["outside_ms"]["eager"] == pytest.approx(row["eager_ms"] - sum(op["torch_us"] for op in ops) / 1e3,
                                                        abs=2e-3)
-    table = run(*words, cwd=tmp_path)
-    assert table.returncode == 0, table.stderr
-    assert "dense M=4 N=32 K=16 bias=true epilogue=relu" in table.stdout
-    assert "outside the tuned ops: tensortune" in table.stdout
+    monkeypatch.setenv("COLUMNS", "160")
+    print_profile(row)  # the table `bench model --profile` prints without --json
+    table = capsys.readouterr().out
+    assert "dense M=4 N=32 K=16 bias=true epilogue=relu" in table
+    assert f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms" in table
 
 
 def test_presets_are_made_at_any_sequence_length():
