@@ -59,7 +59,7 @@ def _first_fitting(space: ConfigSpace, records: list[Record]) -> Config | None:
 class StoredConfig:
     """A config to build with, and the stored workload it was measured on: the one asked about, or its nearest
     stored shape; and the stored target it was measured on where not the one asked about (the most similar). A
-predicted config was measured nowhere: `predicted` says what predicted it."""
+    predicted config was measured nowhere: `predicted` says what predicted it."""
 
     config: Config
     workload: Workload
@@ -129,7 +129,7 @@ class HistoryBest(FallbackWarned):
     def query_nearest(self, workload: Workload, target: Target) -> StoredConfig | None:
         """The workload's stored config; else the best config of the nearest other shape of the op stored on exactly
         this target (same dtype and options, nearest by `matching.size_distance`), fitted into this workload's
-        space, which costs one query where a prediction costs a search; else a predicted one (said by the caller,
+        space, which costs a query where a prediction trains a model; else a predicted one (said by the caller,
         who knows how many more it meets)."""
         for answers, lookup in ((self._answers, self._lookup), (self._nearest, self._borrow),
                                 (self._predicted, self._predict)):

@@ -1,10 +1,11 @@
-"""`torch.compile(model, backend="tensortune", options={"db": URL, "target": "llvm"})`.
+"""`torch.compile(model, backend="tensortune", options={"db": URL, "target": "llvm"})`; `db` is a database URL or
+SQLite file, or a running `tensortune serve` (http://host:port), asked for a graph's configs in one request.
 
 Registered through the `torch_dynamo_backends` entry point, so torch finds it without importing
 tensortune first. Each graph Dynamo hands over has its tensortune patterns (frontend/patterns.py)
 replaced by tuned ops, each running the kernel of the sizes it is called at (frontend/shapes.py): built
-with the best stored config for the target, else one borrowed from the nearest tuned shape, else the
-template's fallback, said in one line per graph (per new size at run time) on the `tensortune.frontend`
+with the best stored config for the target, else one borrowed from the nearest tuned shape, else a predicted
+one (tuner/predict.py), else the template's fallback, said in one line per graph (per new size at run time) on the `tensortune.frontend`
 logger, which prints the bare line where logging is not configured. Sizes Dynamo traced symbolic (after
 seeing them change) are dispatched on at run time; the kernels of static sizes are built with the graph.
 Weights are bound (packed) once per size, so the compiled model assumes them fixed, as inference does.
