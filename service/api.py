@@ -20,6 +20,7 @@ from db import Database, HistoryBest, Job, Record
 from db.client_requests import ClientJobs, ClientRequest, ClientRequests
 from db.history import StoredConfig
 from db.outage import unavailable
+from db.queries import applies
 from db.queue import JobQueue
 from search_space import (NoTemplate, Target, Workload, WorkloadError, format_program, get_space, host_target, lower,
                           template_version)
@@ -60,7 +61,9 @@ def single_detail(job: Job, records: list[Record]) -> dict:
             "curve": np.maximum.accumulate(gflops).tolist() if gflops else [],
             "best_config": {"index": best_ok.input.config.index, "knobs": best_ok.input.config.to_dict()}
             if best_ok else None,
-            "best_program": format_program(lower(job.workload, job.target, best_ok.input.config)) if best_ok else None}
+            # a stale record's config may no longer lower: its program is today's template's no more
+            "best_program": format_program(lower(job.workload, job.target, best_ok.input.config))
+            if best_ok and applies(best_ok) else None}
 
 
 def model_detail(job: Job, tasks: list[Job], records: dict[int, list[Record]]) -> dict:

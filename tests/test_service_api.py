@@ -4,11 +4,11 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from db import Database
-from search_space import Target, Workload, matmul
+from search_space import Target, Workload, matmul, template_version
 from service.api import create_app
 from service.cli import app as cli
 from service.runner import Runner, RunnerOptions
-from tests.db_helpers import BACKENDS, pg_schema
+from tests.db_helpers import BACKENDS, measurement, pg_schema
 from tests.serve_helpers import cancel_running_and_queued, job_in, measured, served_in_thread
 from workers.task import MeasureOptions
 
@@ -151,3 +151,21 @@ def test_unknown_ids_and_missing_best_are_404(tmp_path):
     assert client.get("/api/best", params={"workload": "nonsense"}).status_code == 422
     assert client.get("/healthz").json()["status"] == "ok"
     assert [op["op"] for op in client.get("/api/workloads").json()["ops"]] == ["matmul", "dense", "batch_matmul", "conv2d"]
+
+
+def test_a_job_whose_best_record_is_of_another_template_version_shows_its_config_but_no_program(tmp_path):
+    """After a template's version changes, an old job's best config may no longer lower: the job detail still
+    answers, with the config as measured and no program."""
+    database = Database(f"sqlite:///{tmp_path}/api.db")
+    workload, target = matmul(16, 16, 16), Target.parse("llvm -threads=1")
+    job = database.create_job(workload, target, "random", 2, "done")
+    stale = template_version(workload, target) - 1
+    database.record_many([(*measurement(workload, target, 5, 1e-6), stale),
+                          (*measurement(workload, target, 7, 2e-6), None)], job_id=job)  # unversioned: fits today
+    with TestClient(create_app(database)) as client:
+        detail = client.get(f"/api/jobs/{job}").json()
+    assert detail["best_config"]["index"] == 5 and detail["best_program"] is None
+    database.record(*measurement(workload, target, 9, 1e-7), job_id=job)  # today's, and faster
+    with TestClient(create_app(database)) as client:
+        detail = client.get(f"/api/jobs/{job}").json()
+    assert detail["best_config"]["index"] == 9 and "range(" in detail["best_program"]
