@@ -5,6 +5,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 import warnings
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from db import Database, apply_history_best
 from db.served import measured_here
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, matmul
-from tuner.predict import MIN_RECORDS, predict_config
+from tuner.predict import MIN_RECORDS, REUSE_SECONDS, predict_config, stored_prediction
 from tuner.tune import tune
 from workers import build
 from workers.pool import make_pool
@@ -120,3 +121,14 @@ def test_a_served_predicted_config_counts_as_one_to_tune():
     assert measured_here(workload, {"from_workload": workload.key, "predicted": None})
     assert not measured_here(workload, {"from_workload": workload.key, "predicted": "predicted by a cost model"})
     assert not measured_here(workload, {"from_workload": dense(9, 40, 48).key, "predicted": None})
+
+
+def test_a_prediction_is_reused_for_a_while_then_made_anew(tuned, monkeypatch):
+    """The service predicts at every fetch of an untuned workload: within REUSE_SECONDS it answers from before."""
+    unseen = batch_matmul(4, 12, 20, 16)
+    first = stored_prediction(tuned, unseen, TARGET)
+    assert first is not None and stored_prediction(tuned, unseen, TARGET) is first
+    later = time.monotonic() + REUSE_SECONDS + 1
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    again = stored_prediction(tuned, unseen, TARGET)
+    assert again is not first and again == first  # trained anew on the same records: the same answer

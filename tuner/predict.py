@@ -15,6 +15,7 @@ Importing it (the tuner package does) registers `stored_prediction` with db.hist
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,8 @@ from .cost_model import CostModelOptions, XGBCostModel
 from .tune import BORROWED, history
 
 MIN_RECORDS = 16  # fewer measurements of the op than this rank nothing worth trusting over the fallback
+REUSE_SECONDS = 300.0
+_ANSWERED: dict[tuple[str, str, str], tuple[float, StoredConfig | None]] = {}  # (db, workload, target) → (when, answer)
 
 
 @dataclass(frozen=True)
@@ -100,9 +103,17 @@ def predict_config(database: Database, workload: Workload, target: Target | str,
 
 
 def stored_prediction(database: Database, workload: Workload, target: Target) -> StoredConfig | None:
-    """`predict_config` as db.history's contexts answer: the config, for this workload, saying what predicted it."""
+    """`predict_config` as db.history's contexts answer: the config, for this workload, saying what predicted it.
+    An answer is reused for REUSE_SECONDS: the service asks for every fetch of a workload nobody tuned yet, and each
+    answer trains a model (about a second) on records that change slowly."""
+    key = (str(database.url), workload.key, str(target))
+    answered = _ANSWERED.get(key)
+    if answered is not None and time.monotonic() - answered[0] < REUSE_SECONDS:
+        return answered[1]
     prediction = predict_config(database, workload, target)
-    return StoredConfig(prediction.config, workload, predicted=prediction.describe()) if prediction else None
+    found = StoredConfig(prediction.config, workload, predicted=prediction.describe()) if prediction else None
+    _ANSWERED[key] = (time.monotonic(), found)
+    return found
 
 
 register_predictor(stored_prediction)
