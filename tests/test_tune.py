@@ -11,6 +11,7 @@ from serve_helpers import wait_for
 from db import Database
 from db.queue import JobQueue
 from search_space import Target, dense, get_space, matmul
+from search_space.templates import gemm
 from tuner.tune import tune
 from workers import Outcome
 from workers.pool import make_pool
@@ -173,3 +174,16 @@ def test_plot_draws_a_jobs_curve(tmp_path, pool):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     missing = CliRunner().invoke(app, ["plot", "999", "--db", database.url])
     assert missing.exit_code == 1 and "no job 999" in missing.output
+
+
+def test_a_job_resumed_after_its_template_changed_measures_its_budget_anew(tmp_path, pool, monkeypatch):
+    """Records of another template version are not a job's trials: resumed after a bump, it measures them all."""
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    workload = matmul(24, 24, 24)
+    job = database.create_job(workload, TARGET, "random", 6, "running")  # its tune died after three trials
+    for index in (1, 2, 3):
+        database.record(*measurement(workload, TARGET, index, 1e-9), job_id=job)  # faster than any real one
+    monkeypatch.setattr(gemm, "VERSION", gemm.VERSION + 1)
+    result = tune(workload, TARGET, 6, "random", database, pool, batch=3, measure=FAST)
+    assert result.job_id == job and result.resumed == 0 and len(result.measured) == 6
+    assert len(database.job_records(job)) == 9 and database.best(workload, TARGET)[0].result.median > 1e-9

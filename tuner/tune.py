@@ -16,6 +16,7 @@ from db import Database
 from db.matching import fit_config
 from db.job_locks import Claim
 from db.outage import unavailable, wait_until_reachable
+from db.queries import applies
 from db.queue import JobQueue
 from search_space import Config, ConfigSpace, Target, Workload, fallback_config, get_space
 from workers import MeasureInput, MeasureResult
@@ -271,7 +272,7 @@ class JobSearch:
                  on_result: Callable[[MeasureInput, MeasureResult], None] | None = None):
         self.workload, self.target, self.options, self.database, self.on_result = (
             workload, target, options, database, on_result)
-        done = [(r.input, r.result) for r in database.job_records(job_id)]
+        done = [(r.input, r.result) for r in database.job_records(job_id) if applies(r)]  # none of another version
         known = database.known_records(workload, target, job_id) if options.known else []
         self.known = [(r.input, r.result) for r in known]
         self.result = TuneResult(job_id, done, len(done), len(known))
