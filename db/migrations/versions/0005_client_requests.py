@@ -4,7 +4,7 @@ job that tunes it. A new table, so existing rows are untouched.
 
 Revision ID: 0005
 Revises: 0004
-Create Date: 2026-12-08
+Create Date: 2026-11-24
 """
 from typing import Sequence, Union
 
