@@ -26,8 +26,12 @@ LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled") + GPU_INDICES
 SCOPES = ("input", "output", "packed", "register", "shared", "local")
 OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1, "erf": 1}  # fma(a, b, c) = a*b + c
 
+# Nodes are values, compared and hashed by content and never changed once made; not `frozen`, whose __init__ (an
+# object.__setattr__ per field) made lowering a config for the cost model a quarter slower.
+node = dataclass(unsafe_hash=True, slots=True)
 
-@dataclass(frozen=True)
+
+@node
 class Affine:
     """const + Σ coeff·var over named integer loop variables."""
 
@@ -86,7 +90,7 @@ def var(name: str) -> Affine:
     return Affine(((name, 1),))
 
 
-@dataclass(frozen=True)
+@node
 class Buffer:
     name: str
     shape: tuple[int, ...]
@@ -121,18 +125,18 @@ def _index(buffer: Buffer, index) -> tuple[Affine, ...]:
     return index
 
 
-@dataclass(frozen=True)
+@node
 class Load:
     buffer: Buffer
     index: tuple[Affine, ...]
 
 
-@dataclass(frozen=True)
+@node
 class Const:
     value: float
 
 
-@dataclass(frozen=True)
+@node
 class Op:
     name: str
     args: tuple[Value, ...]
@@ -144,14 +148,14 @@ class Op:
 Value = Union[Load, Const, Op]
 
 
-@dataclass(frozen=True)
+@node
 class Store:
     buffer: Buffer
     index: tuple[Affine, ...]
     value: Value
 
 
-@dataclass(frozen=True)
+@node
 class Loop:
     var: str
     extent: int
@@ -162,7 +166,7 @@ class Loop:
         assert self.kind in LOOP_KINDS and self.extent >= 1, (self.kind, self.extent)
 
 
-@dataclass(frozen=True)
+@node
 class If:
     """Branch on `lhs op rhs` (op is "==" or "<"); folded away when lhs is constant."""
 
@@ -173,7 +177,7 @@ class If:
     orelse: tuple[Stmt, ...] = ()
 
 
-@dataclass(frozen=True)
+@node
 class Call:
     """A named sub-nest that sees only its parameters, bound here to affine values.
 
@@ -186,7 +190,7 @@ class Call:
     body: tuple[Stmt, ...]
 
 
-@dataclass(frozen=True)
+@node
 class Barrier:
     """Every thread of a GPU block waits here until all have arrived (`__syncthreads`): shared memory
     written before it is seen by every thread after it. It never stands inside a threadIdx loop."""
@@ -195,7 +199,7 @@ class Barrier:
 Stmt = Union[Store, Loop, If, Call, Barrier]
 
 
-@dataclass(frozen=True)
+@node
 class Stage:
     """One loop nest run in order with the others; `constant` stages read only weights and may be hoisted."""
 
@@ -204,7 +208,7 @@ class Stage:
     constant: bool = False
 
 
-@dataclass(frozen=True)
+@node
 class Program:
     name: str
     buffers: tuple[Buffer, ...]  # inputs in call order, then the output, then scratch and registers
@@ -246,7 +250,7 @@ def tile_nest(levels, chunks: dict, leaf: Callable[[dict], list[Stmt]]) -> list[
     return tiled(name, extent, size, offset, lambda o, e: tile_nest(rest, chunks | {axis: (o, e)}, leaf), kind)
 
 
-@dataclass(frozen=True)
+@node
 class Launch:
     """How a GPU stage is launched: blocks along x, y, z and threads per block."""
 

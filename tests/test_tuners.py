@@ -7,7 +7,7 @@ from db_helpers import database, db_url, measurement  # noqa: F401 (fixtures)
 
 from search_space import Target, get_space, matmul
 from tuner import TUNERS, GridTuner
-from tuner.sa import AnnealOptions, anneal
+from tuner.sa import AnnealOptions, Annealer
 from workers import MeasureInput
 from workers.pool import make_pool
 from workers.task import MeasureOptions, Task
@@ -59,12 +59,41 @@ def test_anneal_finds_the_best_unseen_points_of_a_score():
         return np.array([float(sum(a == b for a, b in zip([v for _, v in c.values], wanted))) for c in configs])
 
     exclude = {target_config.index}
-    found, chains = anneal(space, score, 10, exclude, [], random.Random(0), AnnealOptions(chains=16, steps=60))
+    annealer = Annealer(space, random.Random(0), AnnealOptions(chains=16, steps=60))
+    found = annealer.search(score, 10, exclude)
     assert len(found) == 10 and target_config.index not in {c.index for c in found}
     scores = score(found)
     assert list(scores) == sorted(scores, reverse=True)
     assert scores[0] >= len(wanted) - 1  # one knob away from the excluded optimum
-    assert len(chains) == 16
+
+
+def test_a_later_search_walks_few_new_points_and_recalls_every_point_scored_before():
+    """Scoring a point lowers it (the cost of a search): a search after the first walks a few greedy steps from
+    the best points, and the best under the new model may be one the walk passed long before."""
+    space = get_space(matmul(256, 256, 256), TARGET)
+    options = AnnealOptions(chains=16, steps=40, refine_chains=4, refine_steps=5)
+    annealer = Annealer(space, random.Random(0), options)
+    scored: list[int] = []
+    knobs = lambda c: sum(hash(v) % 7 for _, v in c.values)
+
+    def first(configs):
+        scored.extend(c.index for c in configs)
+        return np.array([float(knobs(c)) for c in configs])
+
+    annealer.search(first, 10, set())
+    walked = set(scored)
+    assert len(walked) > 16 * 10
+    favourite = sorted(walked)[len(walked) // 2]  # a point of the first walk, nothing special then
+    scored.clear()
+
+    def second(configs):
+        scored.extend(c.index for c in configs)
+        return np.array([1e9 if c.index == favourite else float(knobs(c)) for c in configs])
+
+    found = annealer.search(second, 10, set())
+    assert found[0].index == favourite
+    new_points = set(scored) - walked
+    assert len(new_points) <= options.refine_chains * options.refine_steps
 
 
 def test_an_unknown_feature_kind_is_refused_when_the_options_are_made():
