@@ -2,7 +2,7 @@
 
 After each observed batch the model is refit and the plan (the best predicted configs not yet
 measured) re-ranked by it; every `research_every` trials the plan is searched anew, the annealing
-walk going on from where it stopped (the first search lowers some 600 configs, a later one about 70;
+walk going on from where it stopped (the first search lowers some 400 configs, a later one about 70;
 a refit and a re-rank take milliseconds). A few percent of each batch is random (epsilon-greedy), so
 the model keeps seeing what it does not predict well.
 """
