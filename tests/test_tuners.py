@@ -80,9 +80,10 @@ def test_a_later_search_walks_few_new_points_and_recalls_every_point_scored_befo
         scored.extend(c.index for c in configs)
         return np.array([float(knobs(c)) for c in configs])
 
-    annealer.search(first, 10, set())
+    start = space.get(space.size // 5)
+    annealer.search(first, 10, set(), starts=[start])
     walked = set(scored)
-    assert len(walked) > 16 * 10
+    assert scored[0] == start.index and len(walked) > 16 * 10  # the walk began at the known good point
     favourite = sorted(walked)[len(walked) // 2]  # a point of the first walk, nothing special then
     scored.clear()
 
@@ -94,6 +95,15 @@ def test_a_later_search_walks_few_new_points_and_recalls_every_point_scored_befo
     assert found[0].index == favourite
     new_points = set(scored) - walked
     assert len(new_points) <= options.refine_chains * options.refine_steps
+
+
+def test_the_points_kept_for_re_scoring_are_the_most_recent_up_to_the_cap():
+    space = get_space(matmul(256, 256, 256), TARGET)
+    annealer = Annealer(space, random.Random(0), AnnealOptions(chains=8, steps=10, remembered=30))
+    annealer.search(lambda configs: np.zeros(len(configs)), 5, set())
+    assert len(annealer.scored) == 30
+    annealer.search(lambda configs: np.zeros(len(configs)), 5, set())
+    assert len(annealer.scored) == 30
 
 
 def test_an_unknown_feature_kind_is_refused_when_the_options_are_made():
