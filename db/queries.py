@@ -41,7 +41,7 @@ _VERSIONS = _OF_PAIR.with_only_columns(MeasurementRow.template_version, func.cou
     MeasurementRow.template_version)
 _IDENTITIES = _OF_PAIR.with_only_columns(MeasurementRow.config_index, MeasurementRow.finished_at,
                                           MeasurementRow.samples)
-# what a new job of the pair starts from: every measurement outside the job (bindparam "job"; None: none)
+# what a new job of the pair starts from: every measurement outside the job (bindparam "job"), those of no job included
 KNOWN = _OF_PAIR.where(MeasurementRow.job_id.is_distinct_from(bindparam("job", type_=Integer)))
 # The workloads of an op with an `ok` measurement on one target: a seek on ix_measurements_best per workload.
 _OF_OP = select(WorkloadRow.key).where(WorkloadRow.op == bindparam("op"), select(MeasurementRow.id).where(

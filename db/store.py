@@ -196,7 +196,7 @@ class Database:
         """What a job has measured so far, oldest first: what a resumed job starts from."""
         return list(self._records(select(MeasurementRow).where(MeasurementRow.job_id == job_id)))
 
-    def known_records(self, workload: Workload, target: Target | str, job_id: int | None = None) -> list[Record]:
+    def known_records(self, workload: Workload, target: Target | str, job_id: int) -> list[Record]:
         """Every measurement of the workload on exactly this target outside job `job_id` that applies today
         (`queries.applies`), oldest first: what a new job of it starts from (configs not measured again, a cost
         model trained on them). A stale config is measured again."""

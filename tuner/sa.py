@@ -35,6 +35,8 @@ class AnnealOptions:
 
 
 class Annealer:
+    """One tuning job's walk over its space: the points scored so far, kept for the next search."""
+
     def __init__(self, space: ConfigSpace, rng: random.Random, options: AnnealOptions = AnnealOptions()):
         self.space, self.rng, self.options = space, rng, options
         self.scored: dict[int, Config] = {}  # every point scored so far, oldest first
