@@ -22,12 +22,12 @@ import numpy as np
 
 from db import Database
 from db.history import StoredConfig, register_predictor
-from db.matching import fit_config, most_similar, size_distance
+from db.matching import most_similar, size_distance
 from db.queries import stored_targets, stored_workloads
 from search_space import Config, Target, Workload, fallback_config, get_space
 
 from .cost_model import CostModelOptions, XGBCostModel
-from .tune import BORROWED, history
+from .tune import BORROWED, fitted_bests, history
 
 MIN_RECORDS = 16  # fewer measurements of the op than this rank nothing worth trusting over the fallback
 REUSE_SECONDS = 300.0
@@ -71,17 +71,15 @@ def vouched_configs(database: Database, workload: Workload, target: Target, trai
     """The measured best configs of the op's shapes nearest the workload on the targets `trained_on` (its own among
     them, and those of other options: a config of dense with bias fits dense without), fitted into its space on
     `target`, then the template's fallback; each once."""
-    space = get_space(workload, target)
-    found: dict[int, Config] = {}
+    shapes = []
     for other in trained_on:
         with database.read_sessions() as session:
-            shapes = stored_workloads(session, workload.op, other)
-        for shape in sorted(shapes, key=lambda shape: size_distance(workload, shape))[:BORROWED]:
-            for best in database.best(shape, other):
-                if (config := fit_config(space, best.input.config)) is not None:
-                    found.setdefault(config.index, config)
+            stored = stored_workloads(session, workload.op, other)
+        nearest = sorted(stored, key=lambda shape: size_distance(workload, shape))[:BORROWED]
+        shapes += [(shape, other) for shape in nearest]
+    found = fitted_bests(database, get_space(workload, target), shapes)
     fallback = fallback_config(workload, target)
-    return list(found.values()) + ([fallback] if fallback.index not in found else [])
+    return found + ([fallback] if fallback.index not in {config.index for config in found} else [])
 
 
 def predict_config(database: Database, workload: Workload, target: Target | str, seed: int = 0) -> Prediction | None:

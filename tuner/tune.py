@@ -8,7 +8,7 @@ import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -111,17 +111,23 @@ def history(database: Database, workload: Workload, target: Target, limit: int =
 BORROWED = 8  # other shapes whose best config a new job measures first, the nearest in size first
 
 
+def fitted_bests(database: Database, space: ConfigSpace, shapes: Iterable[tuple[Workload, Target]]
+                 ) -> list[Config]:
+    """The best stored config of each (shape, target) that fits into `space`, fitted, each once, in order."""
+    found: dict[int, Config] = {}
+    for shape, target in shapes:
+        for best in database.best(shape, target):
+            if (fitted := fit_config(space, best.input.config)) is not None:
+                found.setdefault(fitted.index, fitted)
+    return list(found.values())
+
+
 def borrowed_configs(database: Database, workload: Workload, target: Target, space: ConfigSpace) -> list[Config]:
     """The best stored config of each other shape of the op with the same options and dtype on the target (up to
     BORROWED, the nearest in size first), fitted into `space`: what a new shape (another sequence length) measures
     before its tuner's own proposals, so that its first configs are the ones known to be good."""
-    found: dict[int, Config] = {}
-    for other in database.nearest_shapes(workload, target)[:BORROWED]:
-        best = database.best(other, target)
-        fitted = fit_config(space, best[0].input.config) if best else None
-        if fitted is not None:
-            found.setdefault(fitted.index, fitted)
-    return list(found.values())
+    nearest = database.nearest_shapes(workload, target)[:BORROWED]
+    return fitted_bests(database, space, ((other, target) for other in nearest))
 
 
 class Borrowing:
