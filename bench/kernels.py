@@ -1,5 +1,7 @@
 """`tensortune bench kernels`: the best config found per shape beside NumPy (OpenBLAS), PyTorch CPU and
-the peak FMA rate, all measured in this run, at 1 thread and at all cores.
+the peak FMA rate, all measured in this run, at 1 thread and at all cores. With `--dtype bfloat16` the shapes
+are in bfloat16, beside PyTorch's bfloat16 (oneDNN) and the peak of the instruction family each best config
+uses.
 
 The search here is the template's fallback, a random sample of the space, then greedy descent
 over one-knob neighbours of the fastest few so far: no cost model (that is the tuner's job), just
@@ -25,7 +27,7 @@ from workers import build
 from workers.reference import head_to_head, inference_call, reference_calls
 from workers.task import MeasureOptions, timed_call
 
-from .peak import launch_microseconds, peak_gflops
+from .peak import family_peaks, launch_microseconds
 
 MIN_REPEAT_MS = {True: 10.0, False: 30.0}  # by --quick
 # ResNet-18's distinct convolutions at batch 1: C, H = W, K, R = S, stride (padding R // 2)
@@ -137,9 +139,9 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
     gflops = {name: workload.flops / s / 1e9 for name, s in seconds.items()}
     return {
         "workload": workload.key, "threads": target.threads, "gflops": round(gflops["tensortune"], 2),
-        "numpy_gflops": round(gflops["numpy"], 2),
+        "numpy_gflops": round(gflops["numpy"], 2) if "numpy" in gflops else None,
         "torch_gflops": round(gflops["torch"], 2) if "torch" in gflops else None,
-        "ratio": round(gflops["tensortune"] / max(gflops["numpy"], gflops.get("torch", 0)), 3),
+        "ratio": round(gflops["tensortune"] / max(gflops.get("numpy", 0), gflops.get("torch", 0)), 3),
         "config": {"index": best.config.index, "knobs": best.config.to_dict()},
         "compile_ms": round(best.kernel.compile_seconds * 1e3, 1), "candidates": tried,
         "search_seconds": round(time.perf_counter() - start, 1), "target": str(target),
@@ -147,24 +149,26 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
 
 
 def run(quick: bool = False, json_lines: bool = False, trials: int | None = None, only: str | None = None,
-        seed: int = 0) -> list[dict]:
+        seed: int = 0, dtype: str = "float32") -> list[dict]:
     trials = trials or (10 if quick else 60)
     host = Target.parse("llvm")
     thread_counts = sorted({1, host.threads})
-    shapes = [w for w in SHAPES if not only or only in w.key]
+    every = [Workload.make(w.op, dtype, **w.p) for w in SHAPES]
+    shapes = [w for w in every if not only or only in w.key]
     if quick:
-        shapes = [w for w in shapes if w.key in {SHAPES[1].key, SHAPES[2].key, SHAPES[5].key}] or shapes
+        shapes = [w for w in shapes if w in (every[1], every[2], every[5])] or shapes
     console = Console(stderr=json_lines)
     console.print(f"BLAS: {blas_description()}")
     rows = []
     for threads in thread_counts:
         target = Target.parse(f"llvm -threads={threads}")
-        peak, launch = peak_gflops(target), launch_microseconds(target)
-        console.print(f"{threads} thread(s): peak FMA rate {peak:.1f} GFLOPS; "
-                      f"a kernel launch from Python costs {launch:.1f} µs")
+        peaks, launch = family_peaks(target, dtype), launch_microseconds(target)
+        rates = ", ".join(f"{family} {peak:.1f}" for family, peak in peaks.items())
+        console.print(f"{threads} thread(s): peak rate (GFLOPS) {rates}; a kernel launch from Python costs {launch:.1f} µs")
         for workload in shapes:
-            row = bench_shape(workload, target, trials, seed, quick) | {
-                "peak_gflops": round(peak, 2), "launch_us": round(launch, 2)}
+            row = bench_shape(workload, target, trials, seed, quick)
+            family = row["config"]["knobs"].get("isa", "fma")
+            row |= {"family": family, "peak_gflops": round(peaks[family], 2), "launch_us": round(launch, 2)}
             row["peak_fraction"] = round(row["gflops"] / peak, 3)
             rows.append(row)
             if json_lines:
@@ -185,7 +189,8 @@ def print_table(rows: list[dict]) -> None:
                       title=f"tensortune kernels vs references (same run) on {Target.parse(target).label}")
         for r in rows:
             if r["target"] == target:
-                table.add_row(Workload.from_key(r["workload"]).label, f"{r['gflops']:.1f}", f"{r['numpy_gflops']:.1f}",
+                table.add_row(Workload.from_key(r["workload"]).label, f"{r['gflops']:.1f}",
+                              f"{r['numpy_gflops']:.1f}" if r["numpy_gflops"] else "-",
                               f"{r['torch_gflops']:.1f}" if r["torch_gflops"] else "-", f"{r['ratio']:.2f}",
                               f"{r['peak_fraction']:.0%}", str(r["config"]["index"]))
         unwrapped = console.measure(table, options=console.options.update_width(UNBOUNDED)).maximum

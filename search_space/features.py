@@ -71,21 +71,21 @@ def itervar_features(program: Program, flops: int) -> np.ndarray:
     loops = hot.loops[::-1][:MAX_LOOPS]  # innermost first
     rows = []
     below = 1
-    offsets = [dict(buffer.flat(index).terms) for buffer, index in unique]  # each access: loop var → stride
+    offsets = [(dict(buffer.flat(index).terms), buffer.itemsize) for buffer, index in unique]  # loop var → stride
     for depth, loop in enumerate(loops):
         above = hot.weight // (below * loop.extent) if below * loop.extent else 1
         row = [_log(loop.extent), _log(above), _log(below)] + [float(loop.kind == k) for k in LOOP_KINDS]
         inner, iterations = loops[:depth + 1], below * loop.extent
-        for strides in offsets:
+        for strides, itemsize in offsets:
             touched = math.prod(l.extent for l in inner if strides.get(l.var))
-            row += [_log(strides.get(loop.var, 0) * 4), _log(touched * 4), _log(iterations / max(1, touched))]
+            row += [_log(strides.get(loop.var, 0) * itemsize), _log(touched * itemsize), _log(iterations / max(1, touched))]
         row += [0.0] * BUFFER_FEATURES * (MAX_BUFFERS - len(unique))
         rows.append(row)
         below *= loop.extent
     width = LOOP_FEATURES + BUFFER_FEATURES * MAX_BUFFERS
     rows += [[0.0] * width] * (MAX_LOOPS - len(rows))
     parallel = [l.extent for s in sites for l in s.loops if l.kind == "parallel"]
-    packed = sum(b.size * 4 for b in program.scope("packed"))
+    packed = sum(b.size * b.itemsize for b in program.scope("packed"))
     registers = sum(b.size for b in program.scope("register"))
     overall = [_log(flops), _log(total), tail_share, _log(packed), _log(registers), _log(max(parallel, default=1))]
     return np.asarray([x for row in rows for x in row] + overall, dtype=np.float32)

@@ -24,7 +24,9 @@ from typing import Callable, Union
 GPU_INDICES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x")
 LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled") + GPU_INDICES
 SCOPES = ("input", "output", "packed", "register", "shared", "local")
-OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1, "erf": 1}  # fma(a, b, c) = a*b + c
+# fma(a, b, c) = a·b + c; dot2(a0, b0, a1, b1, c) = a0·b0 + a1·b1 + c (bfloat16 pairs, adjacent in memory, are loaded
+# as one 32-bit lane); dot2_bf16 is dot2 by AVX-512 BF16's vdpbf16ps (which flushes denormals)
+OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1, "erf": 1, "dot2": 5, "dot2_bf16": 5}
 
 # Nodes are values, compared and hashed by content and never changed once made; not `frozen`, whose __init__ (an
 # object.__setattr__ per field) made lowering a config for the cost model a quarter slower.
@@ -103,6 +105,11 @@ class Buffer:
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return 2 if self.dtype == "bfloat16" else 4
 
     def __getitem__(self, index) -> Load:
         return Load(self, _index(self, index))

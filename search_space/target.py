@@ -3,6 +3,8 @@
 `llvm` names the CPU model, the vector features the kernel may use, and its thread count;
 `cuda` names the device and its compute capability. The string form is TVM-like:
 `llvm -mcpu=znver4 -mattr=+avx2,+avx512f,+fma -threads=2`, `cuda -device=NVIDIA_A100 -arch=sm_80`.
+`-mattr` lists the vector features a kernel may use (`+avx2,+fma`: those alone); a list of removals only
+(`-mattr=-avx512bf16`) narrows the host's.
 `cuda` alone is the host's GPU (read through CuPy; a TargetError says why when there is none);
 `cuda -arch=sm_90` names an architecture with no device, enough to lower and compile. A CPU or feature name
 that LLVM does not know is refused (UnknownName), with the names it knows close to it, where the text is a user's.
@@ -19,7 +21,7 @@ from functools import cache
 from typing import Collection
 
 KINDS = ("llvm", "cuda")
-VECTOR_FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "neon", "sve")
+VECTOR_FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "neon", "sve")
 
 
 class TargetError(ValueError):
@@ -70,7 +72,11 @@ class Target:
             entries = [entry for entry in options["mattr"].split(",") if entry]
             for entry in entries if check_names else ():
                 require_known("feature", entry[1:] if entry[0] in "+-" else entry, target.features)
-            target = replace(target, features=tuple(sorted(f[1:] for f in entries if f.startswith("+"))))
+            if entries and all(entry.startswith("-") for entry in entries):
+                kept = set(target.features) - {entry[1:] for entry in entries}
+            else:
+                kept = {entry[1:] for entry in entries if entry.startswith("+")}
+            target = replace(target, features=tuple(sorted(kept)))
         if "threads" in options:
             if not options["threads"].isdigit() or int(options["threads"]) < 1:
                 raise TargetError(f"-threads must be a positive integer in {text!r}")

@@ -10,12 +10,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+import ml_dtypes  # registers numpy's "bfloat16"
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-DTYPES = ("float32",)
+DTYPES = ("float32", "bfloat16")  # bfloat16: bf16 operands and output, summed in float32
 MAX_DIM = 1 << 16
 MAX_ELEMENTS = 1 << 28  # 1 GiB of float32 per operand
+ACCUMULATION_EPS = float(np.finfo(np.float32).eps)  # every dtype's products are summed in float32
 EPILOGUES = ("none", "relu", "gelu", "gelu_erf")  # gelu: the tanh form; gelu_erf: PyTorch's default
 
 
@@ -246,25 +248,34 @@ class Workload:
         return tuple(name for name, _ in self.operand_shapes() if name in self.spec.weights)
 
     def random_inputs(self, seed: int = 0) -> tuple[np.ndarray, ...]:
-        """Uniform in [-1, 1), drawn in the workload's dtype (not drawn in float64 and cast: 1.6x faster)."""
+        """Uniform in [-1, 1), drawn in float32 (not drawn in float64 and cast: 1.6x faster), rounded to the
+        workload's dtype."""
         rng = np.random.default_rng(seed)
-        return tuple(rng.random(shape, dtype=self.dtype) * 2 - 1 for _, shape in self.operand_shapes())
+        return tuple((rng.random(shape, dtype=np.float32) * 2 - 1).astype(self.dtype, copy=False)
+                     for _, shape in self.operand_shapes())
 
     @property
     def tolerance(self) -> float:
         """Absolute error allowed per output element: float32 rounding grows with the reduction length
-        (inputs are in [-1, 1]); kernels may sum in any order and fuse multiply-adds."""
-        return 8 * float(np.finfo(self.dtype).eps) * max(16, self.spec.reduction(self.p))
+        (inputs are in [-1, 1]); kernels may sum in any order and fuse multiply-adds. A narrower output adds one
+        unit in its last place: a kernel's float32 sum and the reference's may round to neighbours."""
+        output_ulp = float(ml_dtypes.finfo(self.dtype).eps) if self.dtype != "float32" else 0.0
+        return 8 * ACCUMULATION_EPS * max(16, self.spec.reduction(self.p)) + output_ulp
 
     def max_error(self, output: np.ndarray, expected: np.ndarray) -> float:
         """Largest error relative to the tolerance, scaled by the result's magnitude: ≤ 1 passes."""
-        error = np.abs(output - expected)  # in the dtype: exact enough, as the tolerance is many ulps
+        output, expected = (np.asarray(a, np.float32) for a in (output, expected))
+        error = np.abs(output - expected)  # in float32: exact enough, as the tolerance is many ulps
         error /= np.maximum(1.0, np.abs(expected))
         return float(np.max(error, initial=0.0)) / self.tolerance
 
     def reference(self, *inputs: np.ndarray) -> np.ndarray:
-        """The NumPy result every kernel is checked against."""
-        return self.spec.reference(self.p, *inputs)
+        """The NumPy result every kernel is checked against. NumPy has no fast bfloat16 arithmetic: a narrower
+        dtype's inputs are widened to float32 (exactly), computed there, and the result rounded back."""
+        if self.dtype == "float32":
+            return self.spec.reference(self.p, *inputs)
+        wide = self.spec.reference(self.p, *(np.asarray(a, np.float32) for a in inputs))
+        return wide.astype(self.dtype)
 
 
 def parse_params(pairs: list[str]) -> dict:

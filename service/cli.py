@@ -6,9 +6,9 @@ from typing import List, Optional
 
 import typer
 
-from search_space import InvalidConfig, NoTemplate
+from search_space import DTYPES, InvalidConfig, NoTemplate
 
-from .cli_args import OP_ARGUMENT, TARGET_OPTION, console, parse_target, parse_workload
+from .cli_args import OP_ARGUMENT, TARGET_OPTION, console, fail, parse_target, parse_workload
 
 app = typer.Typer(help="tensortune: autotuning of tensor kernels", no_args_is_help=True, add_completion=False,
                   rich_markup_mode=None)
@@ -38,7 +38,9 @@ def show(op: str = OP_ARGUMENT,
          target: str = TARGET_OPTION,
          space_only: bool = typer.Option(False, "--space", help="print the knobs of the space instead"),
          source: bool = typer.Option(False, "--source", help="print the generated code alone: LLVM IR for llvm, "
-                                                             "CUDA C for cuda")):
+                                                             "CUDA C for cuda"),
+         asm: bool = typer.Option(False, "--asm", help="print the machine code (llvm): for any CPU and features LLVM "
+                                                       "knows, this host's or not")):
     """Print the lowered loop nest of one config of a workload's space (or its generated code)."""
     from search_space import fallback_config, format_program, get_space, lower
 
@@ -55,10 +57,12 @@ def show(op: str = OP_ARGUMENT,
     except (InvalidConfig, NoTemplate) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(2)
-    if source:
-        from workers.build import generated_code
+    if source or asm:
+        from workers.build import generated_assembly, generated_code
 
-        print(generated_code(program, target_), end="")
+        if asm and target_.kind != "llvm":
+            fail(f"--asm prints CPU machine code; for {target_.kind} print --source", 2)
+        print((generated_assembly if asm else generated_code)(program, target_), end="")
         return
     print(f"# config {chosen.index} of {space.size}: {chosen}")
     print(format_program(program))
@@ -70,10 +74,16 @@ def bench_kernels(quick: bool = typer.Option(False, "--quick", help="fewer candi
                   trials: Optional[int] = typer.Option(None, "--trials", help="candidates measured per shape"),
                   only: Optional[str] = typer.Option(None, "--only", help="run the shapes whose key contains this"),
                   seed: int = typer.Option(0, "--seed"),
-                  target: str = typer.Option("llvm", "--target", help="llvm, or cuda: this GPU against cuBLAS")):
+                  target: str = typer.Option("llvm", "--target", help="llvm, or cuda: this GPU against cuBLAS"),
+                  dtype: str = typer.Option("float32", "--dtype", help="float32, or bfloat16: beside PyTorch's "
+                                                                       "bfloat16 (CPU only)")):
     """Best config found per shape beside NumPy, PyTorch and the peak FMA rate, at 1 thread and all cores
     (with --target cuda: beside cuBLAS on this GPU)."""
+    if dtype not in DTYPES:
+        fail(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}", 2)
     if target.split()[0] == "cuda":
+        if dtype != "float32":
+            fail(f"the GPU templates compute in float32 only, not {dtype}", 2)
         from bench.kernels_cuda import run as run_cuda
 
         parse_target(target)  # one line, not a traceback, on a host without a GPU
@@ -81,7 +91,7 @@ def bench_kernels(quick: bool = typer.Option(False, "--quick", help="fewer candi
         return
     from bench.kernels import run
 
-    run(quick=quick, json_lines=json_lines, trials=trials, only=only, seed=seed)
+    run(quick=quick, json_lines=json_lines, trials=trials, only=only, seed=seed, dtype=dtype)
 
 
 @bench_app.command("workers")

@@ -8,7 +8,7 @@ from search_space import Config, Program, Target, Workload, current_config, get_
 
 from .kernel import Kernel, cfunc
 from .llvm_codegen import generate
-from .llvm_jit import Compiled, compile_module, target_machine
+from .llvm_jit import Compiled, compile_module, emit_assembly, target_machine
 
 
 def resolve_config(workload: Workload, target: Target, config: Config | dict | int | None) -> Config:
@@ -27,7 +27,7 @@ def compile_program(program: Program, target: Target) -> tuple[list[Callable], C
     """Machine code for each stage of a program, as ctypes functions over the memory buffers."""
     if target.kind != "llvm":
         raise NotImplementedError(f"no code generator for target kind {target.kind!r} yet")
-    compiled = compile_module(generate(program, target.threads), target)
+    compiled = compile_module(generate(program, target.threads, target.features), target)
     n_pointers = len(program.scope("input", "output", "packed"))
     return [cfunc(compiled.address(stage.name), n_pointers) for stage in program.stages], compiled
 
@@ -37,9 +37,16 @@ def generated_code(program: Program, target: Target) -> str:
     if target.kind == "cuda":
         from .cuda_codegen import generate as generate_cuda
         return generate_cuda(program).code
-    module, machine = generate(program, target.threads), target_machine(target.model, target.features)
+    module, machine = generate(program, target.threads, target.features), target_machine(target.model, target.features)
     module.triple, module.data_layout = machine.triple, str(machine.target_data)
     return str(module)
+
+
+def generated_assembly(program: Program, target: Target) -> str:
+    """The machine code of a program on a CPU target, as assembly text: for any CPU and features LLVM knows."""
+    if target.kind != "llvm":
+        raise NotImplementedError(f"assembly is printed for llvm targets, not {target.kind}: print the source")
+    return emit_assembly(generate(program, target.threads, target.features), target)
 
 
 def build(workload: Workload, target: Target | str = "llvm", config: Config | dict | int | None = None) -> Kernel:

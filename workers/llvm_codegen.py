@@ -8,6 +8,12 @@ parallel (top level) → an outlined worker run by `GOMP_parallel`, each thread 
 contiguous share of the iterations. Register buffers are allocas in the entry block
 indexed by constants only, which SROA promotes to SSA vectors: the accumulators never
 touch memory.
+
+Arithmetic is float32. A bfloat16 buffer holds the upper halves of float32 bit patterns: a
+load widens them by a shift, a store rounds to nearest even, and a copy between bfloat16
+buffers moves the bits. A pair dot (`dot2`) whose operands are adjacent bfloat16 pairs
+loads each pair as one 32-bit lane and splits it by a shift and a mask; `dot2_bf16` is the
+same sum by AVX-512 BF16's `vdpbf16ps`, for targets that have it.
 """
 from __future__ import annotations
 
@@ -15,10 +21,25 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from search_space.program import Affine, Buffer, Call, Const, If, Load, Loop, Program, Stage, Store, Value
+from search_space.program import Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, Store, Value
 
-F32, I32, I64, PTR = ir.FloatType(), ir.IntType(32), ir.IntType(64), ir.PointerType()
+F32, I16, I32, I64, PTR = ir.FloatType(), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.PointerType()
 VOID = ir.VoidType()
+
+
+class _BFloat(ir.types._BaseFloatType):
+    """LLVM's `bfloat`, which llvmlite lacks: the operand type of the AVX-512 BF16 intrinsics."""
+
+    intrinsic_name = "bf16"
+
+    def __str__(self) -> str:
+        return "bfloat"
+
+
+_BFloat._create_instance()
+BF16 = _BFloat()
+ELEMENTS = {"float32": F32, "bfloat16": I16}  # how a buffer's elements are held in memory
+PAIR_DOT_WIDTHS = {4: "128", 8: "256", 16: "512"}  # vdpbf16ps's float lanes → the intrinsic's suffix
 # Rational approximation of tanh on [-7.9053, 7.9053] (as in Eigen): odd numerator / even denominator.
 TANH_CLAMP = 7.90531110763549805
 TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
@@ -71,8 +92,8 @@ class _Function:
 
 
 class LLVMCodegen:
-    def __init__(self, program: Program, threads: int):
-        self.program, self.threads = program, threads
+    def __init__(self, program: Program, threads: int, features: tuple[str, ...] = ()):
+        self.program, self.threads, self.features = program, threads, features
         self.module = ir.Module(name=program.name)
         self.memory = program.scope("input", "output", "packed")
         self.registers = program.scope("register")
@@ -219,22 +240,26 @@ class LLVMCodegen:
         f.known.clear()
 
     def store(self, f: _Function, stmt: Store, vector: _Vector | None) -> None:
-        b = f.builder
-        value = self.value(f, stmt.value, vector)
-        offset = stmt.buffer.flat(stmt.index)
+        b, buffer = f.builder, stmt.buffer
+        if buffer.dtype != "float32" and isinstance(stmt.value, Load) and stmt.value.buffer.dtype == buffer.dtype:
+            value = self.load(f, stmt.value, vector, raw=True)  # a copy (packing): the bits, not a round trip
+        else:
+            value = narrow(b, self.value(f, stmt.value, vector), ELEMENTS[buffer.dtype])
+        offset = buffer.flat(stmt.index)
         stride = offset.coeff(vector.var) if vector else 0
         if vector and stride == 0:
-            raise CodegenError(f"store to {stmt.buffer.name} does not move with vectorized loop {vector.var}")
-        f.forget(stmt.buffer.name)
+            raise CodegenError(f"store to {buffer.name} does not move with vectorized loop {vector.var}")
+        f.forget(buffer.name)
+        align = buffer.itemsize
         if not vector or stride == 1:
             parts = self.index_parts(f, offset, vector)
-            b.store(value, self.address(f, stmt.buffer, parts, value.type), align=4)
-            f.known[self._key(stmt.buffer, parts, value.type)] = value
+            b.store(value, self.address(f, buffer, parts, value.type), align=align)
+            f.known[self._key(buffer, parts, value.type)] = value
             return
         for lane in range(vector.width):
             f.env[vector.var] = lane
-            address = self.address(f, stmt.buffer, self.index_parts(f, offset, None), F32)
-            b.store(b.extract_element(value, ir.Constant(I32, lane)), address, align=4)
+            address = self.address(f, buffer, self.index_parts(f, offset, None), value.type.element)
+            b.store(b.extract_element(value, ir.Constant(I32, lane)), address, align=align)
         del f.env[vector.var]
 
     @staticmethod
@@ -250,6 +275,10 @@ class LLVMCodegen:
             return ir.Constant(vt, [value.value] * vector.width) if vector else ir.Constant(F32, value.value)
         if isinstance(value, Load):
             return self.load(f, value, vector)
+        if value.name in ("dot2", "dot2_bf16") and (pairs := self.pairs(f, value, vector)) is not None:
+            return self.pair_dot(f, value.name, pairs, self.value(f, value.args[4], vector), vector)
+        if value.name == "dot2_bf16":
+            raise CodegenError("dot2_bf16 needs bfloat16 operands in adjacent pairs, the B pair moving with the vector")
         args = [self.value(f, a, vector) for a in value.args]
         if value.name == "add":
             return b.fadd(*args)
@@ -259,34 +288,76 @@ class LLVMCodegen:
             return b.call(self._intrinsic("llvm.fma", vt, 3), args)
         if value.name == "max":
             return b.call(self._intrinsic("llvm.maxnum", vt, 2), args)
+        if value.name == "dot2":  # operands not in pairs: two FMAs
+            a0, b0, a1, b1, acc = args
+            fma = self._intrinsic("llvm.fma", vt, 3)
+            return b.call(fma, [a1, b1, b.call(fma, [a0, b0, acc])])
         if value.name == "erf":
             return self.rational(f, args[0], vt, ERF_CLAMP, ERF_P, ERF_Q)
         return self.rational(f, args[0], vt, TANH_CLAMP, TANH_P, TANH_Q)
 
-    def load(self, f: _Function, load: Load, vector: _Vector | None):
-        b = f.builder
-        offset = load.buffer.flat(load.index)
+    def load(self, f: _Function, load: Load, vector: _Vector | None, raw: bool = False):
+        """The loaded value as float32 (a vector of them in a vectorized loop), or as held in memory when `raw`."""
+        b, buffer = f.builder, load.buffer
+        elem, align = ELEMENTS[buffer.dtype], buffer.itemsize
+        offset = buffer.flat(load.index)
         stride = offset.coeff(vector.var) if vector else 0
         if vector and stride not in (0, 1):
-            lanes = ir.Constant(ir.VectorType(F32, vector.width), ir.Undefined)
+            lanes = ir.Constant(ir.VectorType(elem, vector.width), ir.Undefined)
             for lane in range(vector.width):  # gather
                 f.env[vector.var] = lane
-                address = self.address(f, load.buffer, self.index_parts(f, offset, None), F32)
-                lanes = b.insert_element(lanes, b.load(address, typ=F32, align=4), ir.Constant(I32, lane))
+                address = self.address(f, buffer, self.index_parts(f, offset, None), elem)
+                lanes = b.insert_element(lanes, b.load(address, typ=elem, align=align), ir.Constant(I32, lane))
             del f.env[vector.var]
-            return lanes
+            return lanes if raw else widen(b, lanes)
         parts = self.index_parts(f, offset, vector)
-        typ = ir.VectorType(F32, vector.width) if vector else F32
-        key = self._key(load.buffer, parts, typ if stride == 1 else ("broadcast", typ))
+        typ = ir.VectorType(elem, vector.width) if vector else elem
+        key = self._key(buffer, parts, typ if stride == 1 else ("broadcast", typ))
         if key not in f.known:
-            shape = typ if stride == 1 else F32
-            loaded = b.load(self.address(f, load.buffer, parts, shape), typ=shape, align=4)
+            shape = typ if stride == 1 else elem
+            loaded = b.load(self.address(f, buffer, parts, shape), typ=shape, align=align)
             f.known[key] = loaded if shape is typ else self.splat(b, loaded, vector.width)
-        return f.known[key]
+        return f.known[key] if raw else widen(b, f.known[key])
+
+    def pairs(self, f: _Function, op: Op, vector: _Vector | None) -> tuple | None:
+        """A pair dot's operands as (the A pair, broadcast as 32-bit lanes; the B pairs, one per lane) when they are
+        bfloat16 pairs adjacent in memory, A's fixed across the vector and B's moving two elements a lane."""
+        a0, b0, a1, b1, _ = op.args
+        loads = (a0, b0, a1, b1)
+        if not vector or not all(isinstance(x, Load) and x.buffer.dtype == "bfloat16" for x in loads):
+            return None
+        (a0, b0, a1, b1) = offsets = [x.buffer.flat(x.index) for x in loads]
+        if (a1 + (-1), b1 + (-1)) != (a0, b0) or (a0.coeff(vector.var), b0.coeff(vector.var)) != (0, 2):
+            return None
+        b = f.builder
+        pair = lambda load, offset, typ: self.address(f, load.buffer, self.index_parts(f, offset, vector), typ)
+        words = ir.VectorType(I32, vector.width)
+        a_pair = self.splat(b, b.load(pair(loads[0], offsets[0], I32), typ=I32, align=2), vector.width)
+        b_pairs = b.load(pair(loads[1], offsets[1], words), typ=words, align=2)
+        return a_pair, b_pairs
+
+    def pair_dot(self, f: _Function, name: str, pairs: tuple, acc, vector: _Vector):
+        """acc + a0·b0 + a1·b1 on 32-bit lanes each holding a bfloat16 pair (the first element in the low half)."""
+        b = f.builder
+        a_pair, b_pairs = pairs
+        if name == "dot2_bf16":
+            if "avx512bf16" not in self.features or vector.width not in PAIR_DOT_WIDTHS or \
+                    (vector.width < 16 and "avx512vl" not in self.features):
+                raise CodegenError(f"dot2_bf16 on {vector.width} lanes needs avx512bf16 (and avx512vl below 16); "
+                                   f"the target has {', '.join(self.features) or 'no vector features'}")
+            halves = ir.VectorType(BF16, 2 * vector.width)
+            fn = self._extern(f"llvm.x86.avx512bf16.dpbf16ps.{PAIR_DOT_WIDTHS[vector.width]}", acc.type,
+                              [acc.type, halves, halves])
+            return b.call(fn, [acc, b.bitcast(a_pair, halves), b.bitcast(b_pairs, halves)])
+        words, floats = a_pair.type, acc.type
+        low = lambda w: b.bitcast(b.shl(w, ir.Constant(words, [16] * vector.width)), floats)
+        high = lambda w: b.bitcast(b.and_(w, ir.Constant(words, [0xFFFF0000 - (1 << 32)] * vector.width)), floats)
+        fma = self._intrinsic("llvm.fma", floats, 3)
+        return b.call(fma, [high(a_pair), high(b_pairs), b.call(fma, [low(a_pair), low(b_pairs), acc])])
 
     @staticmethod
     def splat(b: ir.IRBuilder, scalar, width: int):
-        vt = ir.VectorType(F32, width)
+        vt = ir.VectorType(scalar.type, width)
         one = b.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(I32, 0))
         return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, width), [0] * width))
 
@@ -357,18 +428,41 @@ class LLVMCodegen:
         return value
 
     def address(self, f: _Function, buffer: Buffer, parts: tuple, typ: ir.Type):
-        """Pointer to a `typ` (float or a float vector) at the element index `parts` of a buffer."""
-        b = f.builder
+        """Pointer to a `typ` (an element, a vector of them, a pair) at the element index `parts` of a buffer."""
+        b, elem = f.builder, ELEMENTS[buffer.dtype]
         symbolic, const = parts
 
         def emit():
             base = f.pointers[buffer.name]
             if symbolic is not None:
-                base = self._memo(f, ("row", buffer.name, id(symbolic)), lambda: element(b, base, F32, symbolic))
-            scalar = element(b, base, F32, ir.Constant(I64, const)) if const else base
-            return scalar if typ == F32 or scalar.type.is_opaque else b.bitcast(scalar, typ.as_pointer())
+                base = self._memo(f, ("row", buffer.name, id(symbolic)), lambda: element(b, base, elem, symbolic))
+            scalar = element(b, base, elem, ir.Constant(I64, const)) if const else base
+            return scalar if scalar.type.is_opaque else b.bitcast(scalar, typ.as_pointer())
 
         return self._memo(f, ("address", buffer.name, None if symbolic is None else id(symbolic), const, str(typ)), emit)
+
+
+def widen(b: ir.IRBuilder, value):
+    """float32 from a value as held in memory: bfloat16 bits are a float32's upper half."""
+    if value.type == F32 or getattr(value.type, "element", None) == F32:
+        return value
+    vector = isinstance(value.type, ir.VectorType)
+    shape = (lambda t: ir.VectorType(t, value.type.count)) if vector else (lambda t: t)
+    sixteen = ir.Constant(shape(I32), [16] * value.type.count if vector else 16)
+    return b.bitcast(b.shl(b.zext(value, shape(I32)), sixteen), shape(F32))
+
+
+def narrow(b: ir.IRBuilder, value, elem: ir.Type):
+    """A float32 value as held in memory as `elem`: for bfloat16, rounded to nearest even (x + 0x7FFF + the
+    lowest kept bit, upper half)."""
+    if elem == F32:
+        return value
+    vector = isinstance(value.type, ir.VectorType)
+    shape = (lambda t: ir.VectorType(t, value.type.count)) if vector else (lambda t: t)
+    const = lambda c: ir.Constant(shape(I32), [c] * value.type.count if vector else c)
+    bits = b.bitcast(value, shape(I32))
+    odd = b.and_(b.lshr(bits, const(16)), const(1))
+    return b.trunc(b.lshr(b.add(bits, b.add(odd, const(0x7FFF))), const(16)), shape(I16))
 
 
 def element(b: ir.IRBuilder, base, typ: ir.Type, index) -> ir.Value:
@@ -378,5 +472,6 @@ def element(b: ir.IRBuilder, base, typ: ir.Type, index) -> ir.Value:
     return b.gep(b.bitcast(base, typ.as_pointer()), [index], inbounds=True)
 
 
-def generate(program: Program, threads: int) -> ir.Module:
-    return LLVMCodegen(program, threads).generate()
+def generate(program: Program, threads: int, features: tuple[str, ...] = ()) -> ir.Module:
+    """The module for a program; `features` (the target's) say which special instructions it may use."""
+    return LLVMCodegen(program, threads, features).generate()

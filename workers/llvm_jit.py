@@ -2,7 +2,9 @@
 
 The target machine is built for the target's CPU model with the host's features, minus any
 vector feature the target does not list (so a kernel tuned for AVX2 stays AVX2 on an
-AVX-512 host). Parallel loops call libgomp, loaded once into the process.
+AVX-512 host). Parallel loops call libgomp, loaded once into the process. Assembly for
+reading (`emit_assembly`) is made with exactly the target's vector features, host or not:
+it is never run.
 """
 from __future__ import annotations
 
@@ -31,20 +33,21 @@ def _initialise() -> None:
 
 
 @cache
-def _feature_string(features: tuple[str, ...]) -> str:
+def _feature_string(features: tuple[str, ...], exact: bool = False) -> str:
+    """The host's features, less the vector features the target lacks (and, when `exact`, plus those it has)."""
     _initialise()
     host = llvm.get_host_cpu_features()
     for name in VECTOR_FEATURES:
-        if name in host and name not in features:
-            host[name] = False
+        if name in host and (exact or name not in features):
+            host[name] = name in features
     # prefer-256-bit would make LLVM split the explicit 512-bit vectors the vec knob asks for.
     return host.flatten() + ",-prefer-256-bit"
 
 
-def target_machine(model: str, features: tuple[str, ...]) -> llvm.TargetMachine:
+def target_machine(model: str, features: tuple[str, ...], exact: bool = False) -> llvm.TargetMachine:
     """A new target machine each time: an MCJIT engine takes ownership of (and frees) the one it is given."""
     return llvm.Target.from_default_triple().create_target_machine(
-        cpu=model, features=_feature_string(features), opt=3, jit=True)
+        cpu=model, features=_feature_string(features, exact), opt=3, jit=not exact)
 
 
 @dataclass
@@ -62,8 +65,7 @@ class Compiled:
         return self.machine.emit_assembly(self.module)
 
 
-def compile_module(module: ir.Module, target: Target) -> Compiled:
-    tm = target_machine(target.model, target.features)
+def _optimised(module: ir.Module, tm: llvm.TargetMachine) -> llvm.ModuleRef:
     module.triple = tm.triple
     module.data_layout = str(tm.target_data)
     try:
@@ -77,6 +79,18 @@ def compile_module(module: ir.Module, target: Target) -> Compiled:
     options.loop_vectorization = options.slp_vectorization = options.loop_unrolling = False
     passes = llvm.create_pass_builder(tm, options)
     passes.getModulePassManager().run(parsed, passes)
+    return parsed
+
+
+def compile_module(module: ir.Module, target: Target) -> Compiled:
+    tm = target_machine(target.model, target.features)
+    parsed = _optimised(module, tm)
     engine = llvm.create_mcjit_compiler(parsed, tm)
     engine.finalize_object()
     return Compiled(engine, parsed, tm)
+
+
+def emit_assembly(module: ir.Module, target: Target) -> str:
+    """The machine code a module becomes on the target, as text: for any target LLVM knows, this host's or not."""
+    tm = target_machine(target.model, target.features, exact=True)
+    return tm.emit_assembly(_optimised(module, tm))

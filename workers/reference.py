@@ -13,6 +13,7 @@ from search_space import Workload
 
 from .kernel import Kernel
 from .timing import time_samples
+from .torch_arrays import torch_tensor
 
 
 def inference_call(kernel: Kernel, inputs) -> tuple[Callable, np.ndarray]:
@@ -31,9 +32,12 @@ def inference_call(kernel: Kernel, inputs) -> tuple[Callable, np.ndarray]:
 
 def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Callable]:
     """Zero-argument calls computing the workload with NumPy and (when importable) PyTorch: the core product
-    of matmul and dense; all of conv2d, its fused parts done by PyTorch as separate operators."""
+    of matmul and dense; all of conv2d, its fused parts done by PyTorch as separate operators. NumPy has no
+    bfloat16 arithmetic worth timing: a bfloat16 workload's reference is PyTorch's, in bfloat16 (oneDNN)."""
     p = workload.p
-    if workload.op == "dense":
+    if workload.dtype != "float32":
+        calls = {}
+    elif workload.op == "dense":
         x, w = inputs[:2]
         calls = {"numpy": lambda: np.matmul(x, w.T)}
     elif workload.op == "conv2d":
@@ -45,7 +49,7 @@ def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Calla
     except ImportError:
         return calls
     torch.set_num_threads(threads)
-    tensors = [torch.from_numpy(a) for a in inputs]
+    tensors = [torch_tensor(a) for a in inputs]
     if workload.op == "dense":
         calls["torch"] = lambda: torch.nn.functional.linear(tensors[0], tensors[1])
     elif workload.op == "conv2d":

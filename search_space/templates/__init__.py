@@ -30,6 +30,9 @@ def template(workload: Workload, target: Target) -> ModuleType:
     if found is None:
         known = ", ".join(f"{op} on {kind}" for op, kind in TEMPLATES)
         raise NoTemplate(f"no schedule template for {workload.op} on {target.kind}; templates exist for {known}")
+    if workload.dtype not in found.DTYPES:
+        raise NoTemplate(f"the {workload.op} template for {target.kind} computes in {', '.join(found.DTYPES)}, "
+                         f"not {workload.dtype}")
     return found
 
 

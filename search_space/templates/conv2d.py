@@ -20,6 +20,7 @@ from .epilogue import epilogue
 from .gemm import UNROLL_CHOICES
 
 VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
+DTYPES = ("float32", "bfloat16")
 OWR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 28)
 KB_VECTORS = (1, 2, 3, 4)
 
@@ -86,14 +87,16 @@ class _Conv2d:
         self.vec, self.unroll = config["vec"], config["unroll_c"]
         self.parallel = config["parallel"] if target.threads > 1 else "none"
         shapes = dict(workload.operand_shapes())
-        self.data = Buffer("data", shapes["data"], "input")
-        self.weight = Buffer("weight", shapes["weight"], "input")
-        self.bias = Buffer("bias", shapes["bias"], "input") if p["bias"] else None
-        self.residual = Buffer("residual", shapes["residual"], "input") if p["residual"] else None
-        self.out = Buffer("out", workload.output_shape, "output")
+        dtype = workload.dtype  # operands and packed copies in it; the accumulators in float32
+        self.data = Buffer("data", shapes["data"], "input", dtype)
+        self.weight = Buffer("weight", shapes["weight"], "input", dtype)
+        self.bias = Buffer("bias", shapes["bias"], "input", dtype) if p["bias"] else None
+        self.residual = Buffer("residual", shapes["residual"], "input", dtype) if p["residual"] else None
+        self.out = Buffer("out", workload.output_shape, "output", dtype)
         self.hp, self.wp = (self.oh - 1) * self.stride + p["R"], (self.ow - 1) * self.stride + p["S"]
-        self.dp = Buffer("Dp", (p["N"], p["C"] // self.cb, self.hp, self.wp, self.cb), "packed")
-        self.wk = Buffer("Wk", (-(-p["K"] // self.kb), p["C"] // self.cb, p["R"], p["S"], self.cb, self.kb), "packed")
+        self.dp = Buffer("Dp", (p["N"], p["C"] // self.cb, self.hp, self.wp, self.cb), "packed", dtype)
+        self.wk = Buffer("Wk", (-(-p["K"] // self.kb), p["C"] // self.cb, p["R"], p["S"], self.cb, self.kb), "packed",
+                         dtype)
         self.acc = Buffer("acc", (self.owr, self.kb), "register")
 
     def program(self) -> Program:

@@ -21,6 +21,7 @@ from .epilogue import epilogue
 from .gemm_operands import gemm_operands
 
 VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
+DTYPES = ("float32",)
 THREAD_CHOICES = (1, 2, 4, 8, 16, 32)
 REGISTER_TILE_CHOICES = (1, 2, 4, 8)
 BK_CHOICES = (4, 8, 16, 32)

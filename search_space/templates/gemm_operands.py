@@ -12,5 +12,6 @@ def gemm_operands(workload: Workload) -> tuple[Buffer, Buffer, Buffer | None, Bu
     """(a, b, bias or None, c): the two inputs of the product, dense's bias, the output."""
     a, b, c = NAMES[workload.op]
     shapes = dict(workload.operand_shapes())
-    bias = Buffer("bias", shapes["bias"], "input") if "bias" in shapes else None
-    return Buffer(a, shapes[a], "input"), Buffer(b, shapes[b], "input"), bias, Buffer(c, workload.output_shape, "output")
+    buffer = lambda name, shape, scope: Buffer(name, shape, scope, workload.dtype)
+    bias = buffer("bias", shapes["bias"], "input") if "bias" in shapes else None
+    return buffer(a, shapes[a], "input"), buffer(b, shapes[b], "input"), bias, buffer(c, workload.output_shape, "output")
