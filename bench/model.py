@@ -2,7 +2,8 @@
 (Inductor), by Inductor's max-autotune with frozen weights, and by torch.compile(backend="tensortune") with the best
 stored configs, timed in alternating rounds in one run, with the largest difference from eager's output. At several
 sequence lengths each way is compiled once and called at every length, as a server would, and every length is
-warmed up (compiled) before any is timed."""
+warmed up (compiled) before any is timed. In bfloat16 every way runs the model cast to it, and eager's and
+tensortune's largest differences from the float32 model's output say what the cast costs."""
 from __future__ import annotations
 
 import dataclasses
@@ -46,21 +47,26 @@ def ways(model, db: str | None, target: str, inductor: bool, max_autotune: bool)
 
 def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None, target: str = "llvm",
                        rounds: int = 5, inductor: bool = True, max_autotune: bool = False,
-                       profile: bool = False) -> list[dict]:
+                       profile: bool = False, dtype: str = "float32") -> list[dict]:
     """One row per entry of `inputs_at` (sequence length → example inputs, as frontend.presets.load_model_at gives
     them): each way's latency (ms) and its ratio to eager, tensortune's against the faster Inductor way, the
     seconds each way took to compile (its first calls), and tensortune's largest difference from eager; with
     `profile`, its tuned ops' times in the model (the tensortune way's own kernels) and alone beside PyTorch's
-    (bench.profile), and each way's time outside them."""
+    (bench.profile), and each way's time outside them. In another `dtype` than float32 the model is cast to it (in
+    place) after its float32 outputs are taken, and the row holds eager's and tensortune's differences from them."""
     import torch
 
     from frontend import extract_tasks
+    from frontend.presets import in_dtype
 
     from .profile import in_model_seconds, outside, profile_tasks
 
     threads = Target.parse(target).threads
     torch.set_num_threads(threads)
     torch._dynamo.reset()  # the compiled entries of earlier models count toward the limit below
+    with torch.inference_mode():
+        wide = {length: model(*inputs) for length, inputs in inputs_at.items()} if dtype != "float32" else {}
+    model, inputs_at = in_dtype(model, inputs_at, dtype)
     runs = ways(model, db, target, inductor, max_autotune)
     outputs, compile_seconds = {}, {}
     # Dynamo's recompile limit (8) counts every way's graphs together, a static one and a dynamic one each
@@ -79,6 +85,9 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
             seconds = head_to_head(calls, threads, rounds=rounds, min_repeat_ms=200)
             rows.append(timing_row(name, length, threads, target, seconds, compile_seconds,
                                    max_difference(outputs["tensortune"][length], outputs["eager"][length])))
+            if wide:
+                rows[-1] |= {"dtype": dtype, **{f"{way}_float32_error": max_difference(outputs[way][length], wide[length])
+                                                for way in ("eager", "tensortune")}}
         for row, inputs in zip(rows if profile else [], inputs_at.values()):  # after timing: it adds graphs
             in_model = in_model_seconds(runs["tensortune"].run, inputs)
             row["profile"] = profile_tasks(extract_tasks(model, inputs), in_model, db, target)
@@ -133,7 +142,7 @@ def tensors(output) -> list:
 
 
 def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool, inductor: bool = True,
-        max_autotune: bool = False, profile: bool = False) -> list[dict]:
+        max_autotune: bool = False, profile: bool = False, dtype: str = "float32") -> list[dict]:
     """Time each of `models` (name → (model, inputs by sequence length), as frontend.presets.load_model_at gives
     them): one row per model and length; with `profile`, each row also holds its tuned ops' times beside
     PyTorch's (bench.profile) and each way's time outside them."""
@@ -142,7 +151,7 @@ def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool,
     rows = []
     for name, (model, inputs_at) in models.items():
         for row in measure_at_lengths(name, model, inputs_at, db, target, inductor=inductor, max_autotune=max_autotune,
-                                      profile=profile):
+                                      profile=profile, dtype=dtype):
             rows.append(row)
             if json_lines:
                 print(json.dumps(row), flush=True)
@@ -166,3 +175,8 @@ def print_table(rows: list[dict]) -> None:
                       f"{r['tensortune_vs_inductor']:.2f}x" if "tensortune_vs_inductor" in r else "-",
                       f"{r['max_error']:.1e}")
     Console().print(table)
+    for r in rows:
+        if "dtype" in r:
+            at = f" at seq {r['seq_len']}" if r["seq_len"] else ""
+            print(f"{r['model']}{at} in {r['dtype']}: largest difference from the float32 model's output, eager "
+                  f"{r['eager_float32_error']:.1e}, tensortune {r['tensortune_float32_error']:.1e}")

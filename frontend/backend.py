@@ -28,6 +28,8 @@ from torch.autograd import profiler
 from search_space import Target
 
 from . import inductor
+from workers.torch_arrays import torch_dtype
+
 from .capture import Captured
 from .patterns import Match, find_matches
 from .shapes import Kernels, ShapeDispatch
@@ -40,7 +42,7 @@ class TunedOp(torch.nn.Module):
 
     def __init__(self, match: Match, kernels: Kernels):
         super().__init__()
-        self.form, self.label = match.form, match.label
+        self.form, self.label, self.dtype = match.form, match.label, torch_dtype(match.form.dtype)
         self.sizes = ShapeDispatch(match.form, match.weights, kernels)
         if match.workload is not None:  # static sizes: bind the kernel now, not at the first call
             self.sizes.run(match.shapes)
@@ -50,11 +52,12 @@ class TunedOp(torch.nn.Module):
         return tuple(self.form.result_shape(*(activation.shape for activation in activations)))
 
     def forward(self, *activations: torch.Tensor) -> torch.Tensor:
-        """Dtypes and ranks were checked when the graph was matched, and Dynamo guards them. Under torch.profiler
+        """Dtypes and ranks were checked when the graph was matched, and Dynamo guards them; activations in another
+        dtype than the kernel's (float32 under autocast) are cast, as autocast casts them. Under torch.profiler
         the kernel's time is an event named by its workload (bench model --profile reads them)."""
         run = self.sizes.run(tuple(activation.shape for activation in activations))
-        tensors = [a.detach().reshape(shape).contiguous() for a, shape in zip(activations, run.inputs)]
-        out = torch.empty(run.output, dtype=torch.float32)
+        tensors = [a.detach().to(self.dtype).reshape(shape).contiguous() for a, shape in zip(activations, run.inputs)]
+        out = torch.empty(run.output, dtype=self.dtype)
         with torch.profiler.record_function(run.name) if profiler._is_profiler_enabled else nullcontext():
             run.call(*(t.data_ptr() for t in tensors), out.data_ptr())
         return out.view(run.result)

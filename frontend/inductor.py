@@ -21,8 +21,10 @@ OPERATOR = "tensortune::tuned"
 
 @runtime_checkable
 class Opaque(Protocol):
-    """What Inductor needs of a tuned op: its result's shape (from fake tensors, sizes maybe symbolic), and
-    its result (from real tensors)."""
+    """What Inductor needs of a tuned op: its result's shape (from fake tensors, sizes maybe symbolic) and dtype,
+    and its result (from real tensors)."""
+
+    dtype: torch.dtype
 
     def result_shape(self, *activations: torch.Tensor) -> tuple: ...
 
@@ -64,7 +66,8 @@ def define_operator():
 
     @tuned.register_fake
     def _(op_id: int, activations: list[torch.Tensor]) -> torch.Tensor:
-        return activations[0].new_empty(REGISTRY[op_id].result_shape(*activations))
+        op = REGISTRY[op_id]
+        return activations[0].new_empty(op.result_shape(*activations), dtype=op.dtype)
 
 
 define_operator()

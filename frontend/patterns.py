@@ -5,7 +5,10 @@ Conv1D), its weight bound transposed; matmul / mm by a model-owned 2-D [K, N] we
 relu or gelu (F.gelu, or GPT-2's tanh form written out) that nothing else reads, seen through one view. A
 2-D matmul of two activations → matmul; 3-D and 4-D matmul / bmm with equal batch dimensions →
 batch_matmul (batch × heads flattened); conv2d with an eval-mode BatchNorm folded in, then a residual add
-and a relu → conv2d. Everything else stays in PyTorch, said in one line per reason. A match names the graph
+and a relu → conv2d. A match computes in the dtype its product's result was traced in, float32 or bfloat16: a model
+cast to bfloat16, or float32 operands under torch.autocast("cpu", dtype=torch.bfloat16), whose weights are bound
+cast and whose activations are cast at each call, as autocast casts them. Everything else stays in PyTorch, said
+in one line per reason. A match names the graph
 nodes it replaces, the activations its kernel takes at run time, the weights it binds once (BatchNorm already
 folded into them), and its form: the op's static parameters, and how the activations' shapes give the workload
 and the result's shape (frontend/shapes.py). Sizes may be symbolic (Dynamo traces them so once it has seen them
@@ -28,6 +31,7 @@ from torch._dynamo.utils import get_static_address_type
 from torch.fx.experimental.symbolic_shapes import is_concrete_int, statically_known_true
 
 from search_space import Workload, WorkloadError
+from workers.torch_arrays import dtype_name, numpy_array
 
 from .capture import Captured, example_value
 from .shapes import Conv2d, Dense, Form, Product, Shape, Size
@@ -116,15 +120,40 @@ def argument(node: fx.Node, position: int, *names: str, default=None):
     return next((node.kwargs[name] for name in names if name in node.kwargs), default)
 
 
-def shape_of(node: fx.Node, captured: Captured) -> Shape | None:
-    """The float32 shape of a node's value as traced (an int for each static size, a SymInt for each that
-    varies), or None for anything else."""
+def traced(node, captured: Captured) -> torch.Tensor | None:
+    """A node's value as traced, when it is a tensor of a dtype tensortune computes in."""
     if not isinstance(node, fx.Node):
         return None
     value = node.meta.get("example_value", example_value(node, captured))
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
+    return value if isinstance(value, torch.Tensor) and dtype_name(value) is not None else None
+
+
+def shape_of(node: fx.Node, captured: Captured) -> Shape | None:
+    """The shape of a node's value as traced (an int for each static size, a SymInt for each that varies), when
+    it is a float32 or bfloat16 tensor; None for anything else."""
+    value = traced(node, captured)
+    return None if value is None else tuple(int(size) if is_concrete_int(size) else size for size in value.shape)
+
+
+def result_dtype(node: fx.Node, captured: Captured, activations: list[fx.Node]) -> str | None:
+    """The dtype a product computes in: its result's as traced, when its activations have a dtype tensortune
+    computes in too; None otherwise."""
+    value = traced(node, captured)
+    if value is None or any(traced(activation, captured) is None for activation in activations):
         return None
-    return tuple(int(size) if is_concrete_int(size) else size for size in value.shape)
+    return dtype_name(value)
+
+
+def weights_in(dtype: str, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Weights as a kernel of `dtype` binds them (a float32 model's under autocast: rounded to bfloat16)."""
+    return {name: np.ascontiguousarray(array, dtype) for name, array in weights.items()}
+
+
+def typed(match: Match, captured: Captured) -> Match | None:
+    """The match when its result (after a fused epilogue) was traced in its dtype, as the graph after it reads
+    it; else None, and PyTorch computes it."""
+    value = traced(match.nodes[-1], captured)
+    return match if value is not None and dtype_name(value) == match.form.dtype else None
 
 
 def same_size(first: Size, second: Size) -> bool:
@@ -148,11 +177,11 @@ def constant(node, captured: Captured) -> np.ndarray | None:
     if not isinstance(node, fx.Node) or node.op not in ("placeholder", "get_attr"):
         return None
     value = example_value(node, captured)
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or isinstance(value, torch._subclasses.FakeTensor):
+    if not isinstance(value, torch.Tensor) or dtype_name(value) is None or isinstance(value, torch._subclasses.FakeTensor):
         return None
     if node.op == "placeholder" and get_static_address_type(value) is None:  # Dynamo marks the model's own tensors
         return None
-    return value.detach().contiguous().numpy()
+    return numpy_array(value.detach().contiguous())
 
 
 def sole_reader(node: fx.Node, scan: Scan, accept) -> fx.Node | None:
@@ -231,14 +260,14 @@ def fused_activation(node: fx.Node, scan: Scan) -> tuple[str, list[fx.Node], fx.
 
 def dense_match(node: fx.Node, scan: Scan, x, weight: np.ndarray, bias: np.ndarray | None) -> Match | None:
     """Y = epilogue(x · weightᵀ + bias) for `node`, weight [N, K] and x of rank 2 or more (leading sizes
-    flattened into M); None when x is not a float32 operand of K columns."""
-    shape = shape_of(x, scan.captured)
-    if shape is None or len(shape) < 2 or not weight_fixed(shape[-1], weight.shape[1], "K"):
+    flattened into M); None when x is not an operand of K columns."""
+    shape, dtype = shape_of(x, scan.captured), result_dtype(node, scan.captured, [x])
+    if shape is None or dtype is None or len(shape) < 2 or not weight_fixed(shape[-1], weight.shape[1], "K"):
         return None
     epilogue, activation, view = fused_activation(node, scan)
-    weights = {"W": weight} | ({"bias": bias} if bias is not None else {})
-    form = Dense(weight.shape[0], weight.shape[1], bias is not None, epilogue)
-    return Match(form, [node] + activation, [x], (shape,), weights, view)
+    weights = weights_in(dtype, {"W": weight} | ({"bias": bias} if bias is not None else {}))
+    form = Dense(weight.shape[0], weight.shape[1], bias is not None, epilogue, dtype)
+    return typed(Match(form, [node] + activation, [x], (shape,), weights, view), scan.captured)
 
 
 def match_linear(node: fx.Node, scan: Scan) -> Match | None:
@@ -272,11 +301,12 @@ def match_matmul(node: fx.Node, scan: Scan) -> Match | None:
     if weight is not None and weight.ndim == 2:  # x · W by a model-owned [K, N] weight: a linear layer
         return dense_match(node, scan, a, np.ascontiguousarray(weight.T), None)
     left, right = shape_of(a, captured), shape_of(b, captured)
-    if left is None or right is None or len(left) != len(right) or len(left) not in (2, 3, 4):
+    dtype = result_dtype(node, captured, [a, b])
+    if left is None or right is None or dtype is None or len(left) != len(right) or len(left) not in (2, 3, 4):
         return None
     if not all(same_size(first, second) for first, second in zip((*left[:-2], left[-1]), (*right[:-2], right[-2]))):
         return None  # batch sizes (and K) that are not equal at every call: broadcast batches stay in PyTorch
-    return Match(Product(), [node], [a, b], (left, right))
+    return typed(Match(Product(dtype), [node], [a, b], (left, right)), captured)
 
 
 def match_conv2d(node: fx.Node, scan: Scan) -> Match | None:
@@ -307,11 +337,15 @@ def match_conv2d(node: fx.Node, scan: Scan) -> Match | None:
             residual = other
     relu = sole_user(nodes[-1], scan, RELU, ("relu",))
     nodes += [relu] if relu is not None else []
-    form = Conv2d(c, k, r, s, stride, padding, bias is not None, residual is not None,
-                  "relu" if relu is not None else "none")
-    weights = {"weight": np.ascontiguousarray(weight)} | ({"bias": bias} if bias is not None else {})
     activations = [x] + ([residual] if residual is not None else [])
-    return Match(form, nodes, activations, tuple(shape_of(node, captured) for node in activations), weights)
+    dtype = result_dtype(node, captured, activations)
+    if dtype is None:
+        return None
+    form = Conv2d(c, k, r, s, stride, padding, bias is not None, residual is not None,
+                  "relu" if relu is not None else "none", dtype)
+    weights = weights_in(dtype, {"weight": weight} | ({"bias": bias} if bias is not None else {}))
+    return typed(Match(form, nodes, activations, tuple(shape_of(node, captured) for node in activations), weights),
+                 captured)
 
 
 def same_shape(first: Shape | None, second: Shape | None) -> bool:
@@ -320,17 +354,19 @@ def same_shape(first: Shape | None, second: Shape | None) -> bool:
 
 
 def fold_batch_norm(node: fx.Node, weight: np.ndarray, bias: np.ndarray | None, captured: Captured):
-    """(weight, bias) of the convolution with an inference-mode BatchNorm folded in; None when it cannot be."""
+    """(weight, bias) of the convolution with an inference-mode BatchNorm folded in, computed in float32 and kept
+    in the weight's dtype; None when it cannot be."""
     args = list(node.args) + [None] * (8 - len(node.args))
     mean, var, gamma, beta = (constant(args[i] if args[i] is not None else node.kwargs.get(name), captured)
                               for i, name in ((1, "running_mean"), (2, "running_var"), (3, "weight"), (4, "bias")))
     training, eps = node.kwargs.get("training", args[5]), node.kwargs.get("eps", args[7] if args[7] is not None else 1e-5)
     if training or mean is None or var is None:
         return None
-    scale = (gamma if gamma is not None else 1.0) / np.sqrt(var + np.float32(eps))
-    shift = (beta if beta is not None else 0.0) - mean * scale
-    folded_bias = (bias if bias is not None else 0.0) * scale + shift
-    return (weight * scale[:, None, None, None]).astype(np.float32), np.asarray(folded_bias, np.float32)
+    wide = lambda array, default=0.0: np.asarray(array, np.float32) if array is not None else default
+    scale = wide(gamma, 1.0) / np.sqrt(wide(var) + np.float32(eps))
+    shift = wide(beta) - wide(mean) * scale
+    folded_bias = wide(bias) * scale + shift
+    return (wide(weight) * scale[:, None, None, None]).astype(weight.dtype), np.asarray(folded_bias, weight.dtype)
 
 
 MATCHERS = ((LINEAR, (), match_linear), (ADDMM, ("addmm",), match_addmm),

@@ -12,6 +12,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from workers.torch_arrays import torch_dtype
+
 
 class ModelError(ValueError):
     """A model spec that names no preset, or a file that cannot give a model."""
@@ -178,3 +180,13 @@ def load_model_at(spec: str, seq_lens: Sequence[int] = ()) -> tuple[nn.Module, d
         return model, {None: inputs}
     model, first = load_model(spec, seq_lens[0])
     return model, {seq_lens[0]: first} | {length: load_model(spec, length)[1] for length in seq_lens[1:]}
+
+
+def in_dtype(model: nn.Module, inputs_at: dict, dtype: str) -> tuple[nn.Module, dict]:
+    """The model and its inputs in `dtype` (a workload dtype name): parameters, buffers and floating-point inputs cast,
+    as `model.to(torch.bfloat16)` does, integer inputs (token ids, masks) kept. The model is cast in place."""
+    if dtype == "float32":
+        return model, inputs_at
+    wanted = torch_dtype(dtype)
+    cast = lambda value: value.to(wanted) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+    return model.to(wanted), {length: tuple(map(cast, inputs)) for length, inputs in inputs_at.items()}

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import fx
 from torch._subclasses import FakeTensor
 
+from workers.torch_arrays import dtype_name, torch_tensor
+
 from .capture import Captured
 from .patterns import LINEAR, Scan, argument, calls, constant, fused_activation, same_shape
 
@@ -67,7 +69,7 @@ def number(value):
 
 def expand_attention(node: fx.Node, edit: Editor):
     """softmax(q·kᵀ·scale + mask)·v written out, so both products become batch_matmul tasks. Only what the
-    matmul matcher can take: no dropout, float32, q, k and v of equal batch dimensions (GQA and broadcast
+    matmul matcher can take: no dropout, q, k and v of one dtype it computes in and of equal batch dimensions (GQA and broadcast
     heads stay fused). The softmax is aten's _safe_softmax where a mask may mask a whole row: SDPA gives
     such a row zeros, not NaN."""
     q, k, v = argument(node, 0, "query"), argument(node, 1, "key"), argument(node, 2, "value")
@@ -76,13 +78,13 @@ def expand_attention(node: fx.Node, edit: Editor):
     values = [value_of(operand) for operand in (q, k, v)]
     if dropout != 0 or argument(node, 7, "enable_gqa", default=False) or causal not in (False, True):
         return
-    if any(value is None or value.dtype != torch.float32 for value in values):
+    if any(value is None or dtype_name(value) is None or value.dtype != values[0].dtype for value in values):
         return
     batch = [value.shape[:-2] for value in values]
     if not (same_shape(*batch[:2]) and same_shape(*batch[1:])) or not isinstance(values[0].shape[-1], int):
         return
     mask_value = value_of(mask)
-    if mask is not None and (causal or mask_value is None or mask_value.dtype not in (torch.bool, torch.float32)):
+    if mask is not None and (causal or mask_value is None or mask_value.dtype not in (torch.bool, values[0].dtype)):
         return  # SDPA raises on a mask with is_causal; other mask types stay fused
     if not isinstance(number(scale), (int, float, torch.SymFloat, type(None))):
         return
@@ -108,11 +110,13 @@ def split_baddbmm(node: fx.Node, edit: Editor):
     beta 0 the input is not read, as baddbmm ignores its NaN and inf."""
     base, first, second = argument(node, 0, "input"), argument(node, 1, "batch1"), argument(node, 2, "batch2")
     beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
-    first_value = value_of(first)
-    if len(node.args) != 3 or set(node.kwargs) - {"beta", "alpha"} or first_value is None:
+    first_value, result = value_of(first), value_of(node)
+    if len(node.args) != 3 or set(node.kwargs) - {"beta", "alpha"} or first_value is None or result is None:
         return
-    if first_value.dtype != torch.float32 or not all(isinstance(factor, (int, float)) for factor in (beta, alpha)):
+    if dtype_name(first_value) is None or not all(isinstance(factor, (int, float)) for factor in (beta, alpha)):
         return
+    if result.dtype != first_value.dtype:
+        return  # under autocast: the bmm written here would be traced in the operands' dtype
     with edit.graph.inserting_before(node):
         result = edit.call(torch.bmm, (first, second), node)
         result = edit.call(operator.mul, (result, alpha), node) if alpha != 1 else result
@@ -134,10 +138,11 @@ def fusable_linears(x: fx.Node, captured: Captured) -> list[tuple[fx.Node, np.nd
         if weight is None or weight.ndim != 2 or (bias_node is not None and (bias is None or bias.ndim != 1)):
             continue
         value = value_of(user)
-        if value is None or value.requires_grad or fused_activation(user, scan)[1]:
-            continue
+        if value is None or value.requires_grad or fused_activation(user, scan)[1] or dtype_name(value) != str(weight.dtype):
+            continue  # under autocast (the result in another dtype than the weight), the fused linear would not be
         found.append((user, weight, bias))
-    return found if len({weight.shape[1] for _, weight, _ in found}) == 1 else []  # else the model fails anyway
+    # one K (else the model fails anyway) and one dtype
+    return found if len({(weight.shape[1], weight.dtype) for _, weight, _ in found}) == 1 else []
 
 
 def common_stack(nodes: list[fx.Node]) -> dict:
@@ -174,13 +179,13 @@ def fuse_linears(x: fx.Node, edit: Editor) -> bool:
     members.sort(key=lambda member: order[member[0]])
     nodes = [node for node, _, _ in members]
     widths = [weight.shape[0] for _, weight, _ in members]
-    weight = torch.from_numpy(np.concatenate([weight for _, weight, _ in members]))
-    biases = [bias if bias is not None else np.zeros(width, np.float32) for (_, _, bias), width in zip(members, widths)]
+    weight = torch_tensor(np.concatenate([weight for _, weight, _ in members]))
+    biases = [bias if bias is not None else np.zeros(width, members[0][1].dtype) for (_, _, bias), width in zip(members, widths)]
     has_bias = any(bias is not None for _, _, bias in members)
     with edit.graph.inserting_before(nodes[0]):
         args = (x, edit.attribute(f"fused_{nodes[0].name}_weight", weight))
         if has_bias:
-            args += (edit.attribute(f"fused_{nodes[0].name}_bias", torch.from_numpy(np.concatenate(biases))),)
+            args += (edit.attribute(f"fused_{nodes[0].name}_bias", torch_tensor(np.concatenate(biases))),)
         fused = edit.call(F.linear, args, nodes[0], stack=common_stack(nodes))
         split = edit.call(torch.split, (fused, widths), nodes[0], {"dim": -1})
         parts = [edit.call(operator.getitem, (split, index), node) for index, node in enumerate(nodes)]

@@ -45,9 +45,11 @@ class Dense:
     K: int
     bias: bool = False
     epilogue: str = "none"
+    dtype: str = "float32"
 
     def workload(self, x: tuple[int, ...]) -> Workload:
-        return Workload.make("dense", M=math.prod(x[:-1]), N=self.N, K=self.K, bias=self.bias, epilogue=self.epilogue)
+        return Workload.make("dense", self.dtype, M=math.prod(x[:-1]), N=self.N, K=self.K, bias=self.bias,
+                             epilogue=self.epilogue)
 
     def result_shape(self, x: Shape) -> Shape:
         return (*x[:-1], self.N)
@@ -57,11 +59,13 @@ class Dense:
 class Product:
     """a · b of two activations: matmul when 2-D, else batch_matmul over the leading (batch × heads) sizes."""
 
+    dtype: str = "float32"
+
     def workload(self, a: tuple[int, ...], b: tuple[int, ...]) -> Workload:
         (m, k), n = a[-2:], b[-1]
         if len(a) == 2:
-            return Workload.make("matmul", M=m, N=n, K=k)
-        return Workload.make("batch_matmul", B=math.prod(a[:-2]), M=m, N=n, K=k)
+            return Workload.make("matmul", self.dtype, M=m, N=n, K=k)
+        return Workload.make("batch_matmul", self.dtype, B=math.prod(a[:-2]), M=m, N=n, K=k)
 
     def result_shape(self, a: Shape, b: Shape) -> Shape:
         return (*a[:-1], b[-1])
@@ -81,9 +85,10 @@ class Conv2d:
     bias: bool = False
     residual: bool = False
     epilogue: str = "none"
+    dtype: str = "float32"
 
     def workload(self, x: tuple[int, ...], *residual) -> Workload:
-        return Workload.make("conv2d", N=x[0], C=self.C, H=x[2], W=x[3], K=self.K, R=self.R, S=self.S,
+        return Workload.make("conv2d", self.dtype, N=x[0], C=self.C, H=x[2], W=x[3], K=self.K, R=self.R, S=self.S,
                              stride=self.stride, pad=self.pad, bias=self.bias, residual=self.residual,
                              epilogue=self.epilogue)
 

@@ -7,7 +7,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from search_space import Workload
+from search_space import DTYPES, Workload
 
 from .cli_args import (DB_OPTION, TARGET_OPTION, WORKERS_HELP, check_workers, console, fail, open_database, parse_target,
                        writing_to)
@@ -16,6 +16,8 @@ MODEL_HELP = ("a preset (bert-layer, bert-base, resnet18, hf-bert-base, hf-gpt2)
               "(model, example_inputs)")
 SEQ_LENS_OPTION = typer.Option(None, "--seq-lens", metavar="L,L,...",
                                help="sequence lengths to make the model at (the function is called with seq_len=L)")
+DTYPE_OPTION = typer.Option("float32", "--dtype", help="float32, or bfloat16: the model and its floating-point inputs "
+                                                       "cast to it, as model.to(torch.bfloat16) does")
 
 
 def require_torch() -> None:
@@ -36,6 +38,11 @@ def parse_seq_lens(text: str | None) -> list[int]:
     if not all(word.isdigit() and int(word) > 0 for word in words):
         fail(f"--seq-lens {text}: give positive whole numbers separated by commas, e.g. --seq-lens 32,128", 2)
     return sorted({int(word) for word in words})
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        fail(f"--dtype {dtype}: unknown dtype; known: {', '.join(DTYPES)}", 2)
 
 
 def load(spec: str, seq_lens: list[int]):
@@ -65,6 +72,7 @@ def progress_table(progress) -> Table:
 def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
                trials: int = typer.Option(300, "--trials", min=1, max=100_000, help="measured in all, over every task"),
                seq_lens: Optional[str] = SEQ_LENS_OPTION,
+               dtype: str = DTYPE_OPTION,
                target: str = TARGET_OPTION,
                tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
                db: Optional[str] = DB_OPTION,
@@ -74,9 +82,11 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
     finished job is shown, not run again), then time it: eager PyTorch beside tensortune, in the same run."""
     require_torch()
     check_workers(workers)
+    check_dtype(dtype)
     lengths = parse_seq_lens(seq_lens)
     from bench.model import measure_at_lengths
     from frontend import NothingToTune
+    from frontend.presets import in_dtype
     from frontend.tasks import extract_tasks_at
     from tuner.scheduler import tune_tasks
     from tuner.tune import JobFailed, time_split
@@ -85,12 +95,14 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
     from .runner import make_measurer
 
     target_, database = parse_target(target), open_database(db)  # a bad --db fails before seconds of tracing
-    net, inputs_at = load(model, lengths)
+    net, inputs_at = in_dtype(*load(model, lengths), dtype)
     try:
         tasks = extract_tasks_at(net, inputs_at.values())
     except NothingToTune as error:
         fail(str(error))
-    name = f"{model} --seq-lens {','.join(map(str, lengths))}" if lengths else model  # other lengths: another job
+    # other lengths, another dtype: another job
+    name = model + (f" --seq-lens {','.join(map(str, lengths))}" if lengths else "") + \
+        (f" --dtype {dtype}" if dtype != "float32" else "")
     done = None if again else database.done_model_job(name, [task.workload for task in tasks], target_, tuner, trials)
     if done:
         console.print(f"model job {done.id} already tuned this ({tuner}, {trials} trials, done "
@@ -120,6 +132,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
 
 def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
                 seq_lens: Optional[str] = SEQ_LENS_OPTION,
+                dtype: str = DTYPE_OPTION,
                 db: Optional[str] = DB_OPTION,
                 target: str = TARGET_OPTION,
                 json_lines: bool = typer.Option(False, "--json", help="one JSON object per model and length"),
@@ -130,14 +143,17 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
                 profile: bool = typer.Option(False, "--profile", help="each tuned op's time beside PyTorch's for it, "
                                              "the largest loss first, and the time outside the tuned ops")):
     """Eager PyTorch, Inductor (default, and max-autotune with freezing) and tensortune on whole models, alternating
-    in one run, with the max error; at each of --seq-lens, each way compiled once and called at every length."""
+    in one run, with the max error; at each of --seq-lens, each way compiled once and called at every length. With
+    --dtype bfloat16, every way runs the model cast to bfloat16, and the errors of eager's and tensortune's results
+    from the float32 model's are shown too."""
     require_torch()
+    check_dtype(dtype)
     lengths = parse_seq_lens(seq_lens)
     from bench.model import run
 
     open_database(db).close()  # a bad --db, like a bad spec, is refused before anything is timed
     loaded = {spec: load(spec, lengths) for spec in models}
-    run(loaded, db, target, json_lines, inductor, max_autotune, profile)
+    run(loaded, db, target, json_lines, inductor, max_autotune, profile, dtype)
 
 
 def bench_scheduler(model: str = typer.Argument("bert-layer", help=MODEL_HELP),

@@ -1,13 +1,21 @@
 """bfloat16 kernels: every config of the bfloat16 spaces computes what the float32 reference of the rounded inputs
 does, on awkward shapes; each instruction family is chosen from the target's features and emits its instructions
 on every host (assembly), and runs where the host has it."""
+import copy
+import json
+
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from torch import nn
+
 from bench.peak import peak_call, peak_program
 from db import Database, apply_history_best
+from frontend import extract_tasks
+from frontend.presets import in_dtype
 from search_space import (NoTemplate, Target, Workload, WorkloadError, batch_matmul, conv2d, dense, fallback_config,
                           get_space, host_target, lower, matmul)
 from search_space.program import format_program
@@ -18,6 +26,7 @@ from workers.build import generated_assembly
 from workers.llvm_codegen import CodegenError, generate
 from workers.pool import make_pool
 from workers.task import MeasureOptions
+from tests.test_cli_model import MODEL_FILE, refused, run
 
 HOST = Target.parse("llvm -threads=2")
 # a Zen 4 with every feature the bfloat16 templates may use: compiled to assembly on any host, never run here
@@ -156,3 +165,89 @@ def test_a_bfloat16_tuning_is_stored_under_its_key_and_applied(tmp_path):
         with pytest.warns(UserWarning, match="Cannot find config"):
             assert build(float32, target).config.index == fallback_config(float32, target).index
 
+
+def tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                                     vocab_size=100)
+    return transformers.BertModel(config).eval(), (torch.randint(0, 100, (1, 16)),)
+
+
+def compiled(model, db: str):
+    torch._dynamo.reset()
+    return torch.compile(model, backend="tensortune", options={"db": db})
+
+
+def test_a_model_cast_to_bfloat16_runs_on_bfloat16_kernels_as_close_to_float32_as_eager(tmp_path):
+    """BERT cast by model.to(torch.bfloat16): every linear (Q, K and V fused), both attention products and the
+    pooler are bfloat16 tasks; compiled, its output is no further from the float32 model's than eager bfloat16's."""
+    wide, inputs = tiny_bert()
+    model, _ = in_dtype(copy.deepcopy(wide), {None: inputs}, "bfloat16")
+    tasks = [task.workload for task in extract_tasks(model, inputs)]
+    assert {(w.op, w.dtype) for w in tasks} == {("dense", "bfloat16"), ("batch_matmul", "bfloat16")}
+    assert dense(16, 192, 64, bias=True, dtype="bfloat16") in tasks and len(tasks) == 7
+    with torch.inference_mode():
+        reference = wide(*inputs).last_hidden_state
+        eager = model(*inputs).last_hidden_state
+        ours = compiled(model, f"sqlite:///{tmp_path}/empty.db")(*inputs).last_hidden_state
+    assert ours.dtype == torch.bfloat16
+    error = lambda out: float((out.float() - reference).abs().max())
+    assert error(ours) <= 1.5 * error(eager) and error(ours) < 0.1, (error(ours), error(eager))
+
+
+def test_a_bfloat16_convolution_folds_its_batch_norm_in_float32(tmp_path):
+    torch.manual_seed(0)
+    norm = nn.BatchNorm2d(8)
+    norm.running_mean.uniform_(-1, 1), norm.running_var.uniform_(0.5, 2)
+    wide = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), norm, nn.ReLU()).eval()
+    x = torch.randn(1, 3, 12, 12)
+    model = copy.deepcopy(wide).to(torch.bfloat16)
+    assert [task.workload for task in extract_tasks(model, (x.bfloat16(),))] == [
+        conv2d(1, 3, 12, 12, 8, 3, 3, 1, 1, bias=True, epilogue="relu", dtype="bfloat16")]
+    with torch.inference_mode():
+        reference, eager = wide(x), model(x.bfloat16())
+        ours = compiled(model, f"sqlite:///{tmp_path}/empty.db")(x.bfloat16())
+    error = lambda out: float((out.float() - reference).abs().max())
+    assert ours.dtype == torch.bfloat16 and error(ours) <= 1.5 * error(eager), (error(ours), error(eager))
+
+
+def test_tune_model_and_bench_model_in_bfloat16(tmp_path, monkeypatch):
+    """`--dtype bfloat16`: the model's bfloat16 tasks tuned as a job of their own; bench model times every way in
+    bfloat16 and says how far eager's and tensortune's outputs are from the float32 model's."""
+    (tmp_path / "models.py").write_text(MODEL_FILE)
+    db = f"sqlite:///{tmp_path}/t.db"
+    tuned = run("tune-model", "models.py:tiny", "--trials", "8", "--tuner", "random", "--dtype", "bfloat16", "--target",
+                "llvm -threads=1", "--db", db, cwd=tmp_path)
+    assert tuned.returncode == 0, tuned.stderr
+    assert "8 trials over 2 tasks of models.py:tiny --dtype bfloat16" in tuned.stdout
+    database = Database(db)
+    assert {job.workload for job in database.children(1)} == {
+        dense(4, 32, 16, bias=True, epilogue="relu", dtype="bfloat16"), dense(4, 8, 32, bias=True, dtype="bfloat16")}
+    assert database.job(1).model == "models.py:tiny --dtype bfloat16"
+    timed = run("bench", "model", "models.py:tiny", "--json", "--no-inductor", "--dtype", "bfloat16", "--db", db,
+                "--target", "llvm -threads=1", cwd=tmp_path)
+    assert timed.returncode == 0, timed.stderr
+    row = json.loads(timed.stdout.strip().splitlines()[-1])
+    assert row["dtype"] == "bfloat16" and row["tensortune_ms"] > 0
+    assert 0 < row["tensortune_float32_error"] <= 1.5 * row["eager_float32_error"], row
+    no = refused("bench", "model", "models.py:tiny", "--dtype", "float16", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert no.exit_code == 2 and "--dtype float16: unknown dtype; known: float32, bfloat16" in no.output
+
+
+@pytest.mark.parametrize("graph", ["inductor", "eager"])
+def test_a_float32_model_under_autocast_runs_on_bfloat16_kernels(graph, tmp_path):
+    """Under torch.autocast("cpu", dtype=torch.bfloat16) linear layers compute in bfloat16 from float32 weights and
+    activations: tensortune's kernels too, the weights bound rounded, the activations cast at each call; the result
+    is what eager autocast gives, in its dtype."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.inference_mode():
+        assert [task.workload for task in extract_tasks(model, (x,))] == [
+            dense(4, 32, 16, bias=True, epilogue="relu", dtype="bfloat16"), dense(4, 8, 32, bias=True, dtype="bfloat16")]
+        expected = model(x)
+        torch._dynamo.reset()
+        ours = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/e.db", "graph": graph})(x)
+    assert ours.dtype == expected.dtype == torch.bfloat16
+    assert torch.allclose(ours.float(), expected.float(), atol=1e-2), (ours - expected).abs().max()

@@ -124,6 +124,8 @@ class RowDispatchedDense(nn.Module):
     """A linear layer on tensortune kernels, one built at the first sight of each row count, called as the
     backend's TunedOp calls them: by address."""
 
+    dtype = torch.float32
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.weight, self.bias = linear.weight.detach().numpy(), linear.bias.detach().numpy()
