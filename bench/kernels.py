@@ -153,7 +153,7 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
     trials = trials or (10 if quick else 60)
     host = Target.parse("llvm")
     thread_counts = sorted({1, host.threads})
-    every = [Workload.make(w.op, dtype, **w.p) for w in SHAPES]
+    every = [w.in_dtype(dtype) for w in SHAPES]
     shapes = [w for w in every if not only or only in w.key]
     if quick:
         shapes = [w for w in shapes if w in (every[1], every[2], every[5])] or shapes
@@ -169,7 +169,7 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
             row = bench_shape(workload, target, trials, seed, quick)
             family = row["config"]["knobs"].get("isa", "fma")
             row |= {"family": family, "peak_gflops": round(peaks[family], 2), "launch_us": round(launch, 2)}
-            row["peak_fraction"] = round(row["gflops"] / peak, 3)
+            row["peak_fraction"] = round(row["gflops"] / peaks[family], 3)
             rows.append(row)
             if json_lines:
                 print(json.dumps(row), flush=True)

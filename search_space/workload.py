@@ -239,6 +239,10 @@ class Workload:
     def output_shape(self) -> tuple[int, ...]:
         return self.spec.output_shape(self.p)
 
+    def in_dtype(self, dtype: str) -> Workload:
+        """The same operator and shapes in another dtype."""
+        return Workload.make(self.op, dtype, **self.p)
+
     def operand_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Names and shapes of the inputs, in call order."""
         return self.spec.operand_shapes(self.p)

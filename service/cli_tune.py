@@ -19,16 +19,17 @@ from .cli_records import stored_best
 from .runner import make_measurer
 
 
-def compare_with_numpy(workload, target, config) -> tuple[float, float]:
-    """(the config's GFLOPS, NumPy's GFLOPS), timed head to head now, in this process, alternately."""
+def compare_with_reference(workload, target, config) -> tuple[float, str, float]:
+    """(the config's GFLOPS, the reference's name, its GFLOPS), timed head to head now, in this process,
+    alternately: NumPy's in float32, PyTorch's in bfloat16 (workers/reference.py)."""
     from workers import build
-    from workers.reference import head_to_head, inference_call, reference_calls
+    from workers.reference import head_to_head, inference_call, reference_calls, reference_name
 
     inputs = workload.random_inputs()
     ours, _ = inference_call(build(workload, target, config), inputs)
-    calls = {"tensortune": ours, "numpy": reference_calls(workload, target.threads, inputs)["numpy"]}
-    seconds = head_to_head(calls, target.threads, rounds=3)
-    return workload.flops / seconds["tensortune"] / 1e9, workload.flops / seconds["numpy"] / 1e9
+    name, theirs = next(iter(reference_calls(workload, target.threads, inputs).items()))
+    seconds = head_to_head({"tensortune": ours, name: theirs}, target.threads, rounds=3)
+    return workload.flops / seconds["tensortune"] / 1e9, reference_name(name, workload), workload.flops / seconds[name] / 1e9
 
 
 def progress_columns() -> tuple:
@@ -136,20 +137,20 @@ def tune(op: str = OP_ARGUMENT,
 
 
 def print_stored_best(database, workload, target) -> bool:
-    """The stored best (what `best` and apply_history_best use) and, timed now against NumPy, what it gives;
-    False when no config of the workload was ever measured ok."""
+    """The stored best (what `best` and apply_history_best use) and, timed now against the reference (NumPy's in
+    float32), what it gives; False when no config of the workload was ever measured ok."""
     info = stored_best(database, workload, target)
     if info is None:
         console.print(f"[red]no config of {workload.key} on {target} measured ok[/red]", highlight=False)
         return False
     config = get_space(workload, target).get(info["config"]["index"])
-    ours, numpy_gflops = compare_with_numpy(workload, target, config)
+    ours, reference, theirs = compare_with_reference(workload, target, config)
     job = f"job {info['job_id']}" if info["job_id"] is not None else "imported"
     print(f"stored best for this machine (what `best` and apply_history_best use): config {config.index}, {job}")
     print(f"  {info['gflops']:.1f} GFLOPS as measured while tuning (the caches flushed before each call, as a "
           "layer of a model finds them; the best of many noisy measurements)")
-    print(f"  {ours:.1f} GFLOPS timed now with warm caches, alternately with NumPy's {numpy_gflops:.1f} GFLOPS "
-          f"({ours / numpy_gflops:.2f}x)")
+    print(f"  {ours:.1f} GFLOPS timed now with warm caches, alternately with {reference}'s {theirs:.1f} GFLOPS "
+          f"({ours / theirs:.2f}x)")
     if ours < 0.9 * info["gflops"]:
         print("  (the gap: tuning timed the bare kernel, picking its luckiest run; now each call also pays "
               "Python's few microseconds, and a noisy machine shows more)")

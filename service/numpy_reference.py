@@ -1,5 +1,6 @@
-"""The dashboard's NumPy reference line: NumPy's GFLOPS on a workload, measured once per workload
-and thread count in the service process and cached, since timing it costs about a second."""
+"""The dashboard's NumPy reference line: NumPy's GFLOPS on a workload's shape (in float32: NumPy has no fast
+bfloat16), measured once per workload and thread count in the service process and cached, since timing it costs
+about a second."""
 from __future__ import annotations
 
 import threading
@@ -18,7 +19,8 @@ class NumpyReference:
         key = (workload.key, threads)
         with self._measuring:
             if key not in self._gflops:
-                calls = reference_calls(workload, threads, workload.random_inputs())
+                wide = workload.in_dtype("float32")
+                calls = reference_calls(wide, threads, wide.random_inputs())
                 seconds = head_to_head({"numpy": calls["numpy"]}, threads, rounds=3)["numpy"]
                 self._gflops[key] = workload.flops / seconds / 1e9
             return self._gflops[key]

@@ -28,6 +28,22 @@ def test_bench_kernels_json_lines():
         assert set(row["config"]["knobs"]) >= {"tile_m", "tile_n", "vec", "parallel", "pack_b"}
 
 
+def test_bench_kernels_in_bfloat16_against_pytorchs_bfloat16():
+    """NumPy has no bfloat16 worth timing: PyTorch's is the reference, and each row's peak is that of the instruction
+    family its config uses."""
+    result = CliRunner().invoke(app, ["bench", "kernels", "--quick", "--json", "--trials", "2", "--dtype", "bfloat16",
+                                      "--only", "dense(M=128,N=768,K=768"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert rows and {row["workload"] for row in rows} == {"dense(M=128,N=768,K=768,dtype=bfloat16)"}
+    for row in rows:
+        assert row["numpy_gflops"] is None and row["torch_gflops"] > 0 and row["family"] == row["config"]["knobs"]["isa"]
+        assert row["ratio"] == pytest.approx(row["gflops"] / row["torch_gflops"], rel=0.05, abs=0.002)
+        assert row["peak_fraction"] == pytest.approx(row["gflops"] / row["peak_gflops"], rel=0.01)
+    refused = CliRunner().invoke(app, ["bench", "kernels", "--dtype", "int4"])
+    assert refused.exit_code == 2 and "unknown dtype 'int4'; known: float32, bfloat16" in refused.output
+
+
 def test_bench_kernels_table_keeps_whole_workload_labels_at_80_columns(capsys, monkeypatch):
     """The table once cut every workload to `matmul(M=5…` at 80 columns; the rows are its own shapes, the
     figures as wide as they come."""

@@ -7,10 +7,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torch import nn
+from typer.testing import CliRunner
 
 from bench.peak import peak_call, peak_program
 from db import Database, apply_history_best
@@ -20,6 +22,8 @@ from search_space import (NoTemplate, Target, Workload, WorkloadError, batch_mat
                           get_space, host_target, lower, matmul)
 from search_space.program import format_program
 from search_space.templates.gemm import isas
+from service.api import create_app
+from service.cli import app as cli
 from tuner.tune import tune
 from workers import build
 from workers.build import generated_assembly
@@ -27,6 +31,8 @@ from workers.llvm_codegen import CodegenError, generate
 from workers.pool import make_pool
 from workers.task import MeasureOptions
 from tests.test_cli_model import MODEL_FILE, refused, run
+from tests.test_service_api import TOKEN, database, job_body, runner  # noqa: F401  (database: a fixture)
+from tests.serve_helpers import job_in
 
 HOST = Target.parse("llvm -threads=2")
 # a Zen 4 with every feature the bfloat16 templates may use: compiled to assembly on any host, never run here
@@ -251,3 +257,17 @@ def test_a_float32_model_under_autocast_runs_on_bfloat16_kernels(graph, tmp_path
         ours = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/e.db", "graph": graph})(x)
     assert ours.dtype == expected.dtype == torch.bfloat16
     assert torch.allclose(ours.float(), expected.float(), atol=1e-2), (ours - expected).abs().max()
+
+
+def test_a_bfloat16_job_over_http_and_from_the_tune_command(database, tmp_path):
+    """The service takes dtype as a parameter and draws its reference line from NumPy's float32 on the shape; `tune`
+    ends beside PyTorch's bfloat16."""
+    with TestClient(create_app(database, runner(database), token="s3cret")) as client:
+        created = client.post("/api/jobs", json=job_body(4, M=16, N=16, K=16, dtype="bfloat16"), headers=TOKEN)
+        job = job_in(client, created.json()["id"], ("done", "failed"))
+        assert job["status"] == "done" and job["workload"] == "matmul(M=16,N=16,K=16,dtype=bfloat16)"
+        assert client.get(f"/api/jobs/{job['id']}/reference").json()["numpy_gflops"] > 0
+    tuned = CliRunner().invoke(cli, ["tune", "dense", "M=16", "N=32", "K=48", "dtype=bfloat16", "--trials", "4", "--tuner",
+                                     "random", "--target", "llvm -threads=1", "--db", f"sqlite:///{tmp_path}/t.db"])
+    assert tuned.exit_code == 0, tuned.output
+    assert "alternately with PyTorch bfloat16's" in tuned.output

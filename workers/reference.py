@@ -33,8 +33,16 @@ def inference_call(kernel: Kernel, inputs) -> tuple[Callable, np.ndarray]:
 def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Callable]:
     """Zero-argument calls computing the workload with NumPy and (when importable) PyTorch: the core product
     of matmul and dense; all of conv2d, its fused parts done by PyTorch as separate operators. NumPy has no
-    bfloat16 arithmetic worth timing: a bfloat16 workload's reference is PyTorch's, in bfloat16 (oneDNN)."""
+    bfloat16 arithmetic worth timing: a bfloat16 workload's reference is PyTorch's, in bfloat16 (oneDNN), and
+    without PyTorch NumPy's float32 on the same shape."""
     p = workload.p
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if workload.dtype != "float32" and torch is None:
+        wide = workload.in_dtype("float32")
+        return reference_calls(wide, threads, [np.asarray(a, np.float32) for a in inputs])
     if workload.dtype != "float32":
         calls = {}
     elif workload.op == "dense":
@@ -44,9 +52,7 @@ def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Calla
         calls = {"numpy": lambda: workload.reference(*inputs)}
     else:
         calls = {"numpy": lambda: np.matmul(*inputs)}
-    try:
-        import torch
-    except ImportError:
+    if torch is None:
         return calls
     torch.set_num_threads(threads)
     tensors = [torch_tensor(a) for a in inputs]
@@ -57,6 +63,12 @@ def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Calla
     else:
         calls["torch"] = lambda: torch.matmul(*tensors)
     return calls
+
+
+def reference_name(name: str, workload: Workload) -> str:
+    """How a table names a reference of `reference_calls`: `NumPy`, `PyTorch`, or `PyTorch bfloat16`."""
+    library = {"numpy": "NumPy", "torch": "PyTorch"}[name]
+    return library if name == "numpy" or workload.dtype == "float32" else f"{library} {workload.dtype}"
 
 
 def torch_conv2d(p: dict, data, weight, *extra):
