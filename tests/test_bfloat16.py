@@ -117,6 +117,10 @@ def test_each_family_emits_its_instructions_on_any_host():
     widened = get_space(workload, AVX512_BF16).config(pair_dot.to_dict() | {"isa": "fma"})
     assembly = generated_assembly(lower(workload, AVX512_BF16, widened), AVX512_BF16)
     assert "vdpbf16ps" not in assembly and sum("vfmadd" in line for line in assembly.splitlines()) >= 64
+    odd = batch_matmul(3, 17, 40, 31, dtype="bfloat16")  # narrower vectors (AVX-512 VL's 128 and 256 bits) too
+    configs = pair_dot_configs(odd, AVX512_BF16)
+    assert {config["vec"] for config in configs} == {4, 8, 16}
+    assert all("vdpbf16ps" in generated_assembly(lower(odd, AVX512_BF16, config), AVX512_BF16) for config in configs)
 
 
 def test_the_pair_dot_needs_the_feature_and_says_so():
@@ -131,10 +135,17 @@ def test_the_pair_dot_needs_the_feature_and_says_so():
                                       batch_matmul(3, 17, 40, 31, dtype="bfloat16"), matmul(64, 64, 768, dtype="bfloat16")])
 def test_the_pair_dot_family_computes_the_rounded_reference(workload):
     target = Target.parse("llvm -threads=1")
+    for config in pair_dot_configs(workload, target):
+        check(workload, target, config)
+
+
+def pair_dot_configs(workload: Workload, target: Target, count: int = 6) -> list:
+    """Random configs of the space that use the pair dot."""
     space = get_space(workload, target)
-    for index in np.random.default_rng(0).choice(space.size, 6, replace=False):
-        config = space.get(int(index))
-        check(workload, target, space.config(config.to_dict() | {"isa": "avx512bf16", "pack_b": True, "vec": 16}))
+    drawn = (space.get(int(index)) for index in np.random.default_rng(0).integers(0, space.size, 10_000))
+    found = [config for config in drawn if config["isa"] == "avx512bf16"][:count]
+    assert len(found) == count
+    return found
 
 
 def test_the_peak_of_each_family_is_measured_with_its_instruction():
