@@ -12,7 +12,7 @@ from threadpoolctl import threadpool_limits
 from search_space import Workload
 
 from .kernel import Kernel
-from .timing import time_samples
+from .timing import calls_per_sample, time_samples
 from .torch_arrays import torch_tensor
 
 
@@ -97,11 +97,17 @@ def head_to_head(calls: dict[str, Callable], threads: int, rounds: int = 5, min_
 
     Each sample waits `settle_seconds` first: a thread pool keeps spinning for a while after its
     last call (OpenBLAS's for ~0.1 s), and on two cores a spinning pool of the previous
-    contender halves the next one (measured here: 112 vs 186 GFLOPS for the same kernel)."""
+    contender halves the next one (measured here: 112 vs 186 GFLOPS for the same kernel). Each
+    contender's calls per sample are counted in its first round and kept: counting anew every
+    round cost as much again as the samples themselves."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
+    numbers: dict[str, int] = {}
     with threadpool_limits(threads):
         for _ in range(rounds):
             for name, call in calls.items():
                 time.sleep(settle_seconds)
-                samples[name] += time_samples(call, repeat=1, min_repeat_ms=min_repeat_ms)
+                if name not in numbers:
+                    call()  # warm-up, so that the count is of warm calls
+                    numbers[name] = calls_per_sample(call, min_repeat_ms)
+                samples[name] += time_samples(call, repeat=1, number=numbers[name])
     return {name: float(np.median(values)) for name, values in samples.items()}

@@ -59,10 +59,11 @@ def host_flusher() -> Callable[[], None]:
 
 
 def time_samples(fn: Callable[[], object], repeat: int = 5, min_repeat_ms: float = 20.0,
-                 flush: Callable[[], None] | None = None, cooldown_ms: float = 0.0) -> list[float]:
-    """Seconds per call, one value per sample; every sample is kept (take the median, not the mean)."""
+                 flush: Callable[[], None] | None = None, cooldown_ms: float = 0.0, number: int | None = None) -> list[float]:
+    """Seconds per call, one value per sample of `number` calls (by default the count calls_per_sample finds; one
+    with a flush); every sample is kept (take the median, not the mean)."""
     fn()  # warm-up: page faults, caches, thread pool start
-    number = 1 if flush else calls_per_sample(fn, min_repeat_ms)
+    number = number or (1 if flush else calls_per_sample(fn, min_repeat_ms))
     samples = []
     for _ in range(repeat):
         if flush:
