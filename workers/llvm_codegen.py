@@ -349,9 +349,9 @@ class LLVMCodegen:
             fn = self._extern(f"llvm.x86.avx512bf16.dpbf16ps.{PAIR_DOT_WIDTHS[vector.width]}", acc.type,
                               [acc.type, halves, halves])
             return b.call(fn, [acc, b.bitcast(a_pair, halves), b.bitcast(b_pairs, halves)])
-        words, floats = a_pair.type, acc.type
-        low = lambda w: b.bitcast(b.shl(w, ir.Constant(words, [16] * vector.width)), floats)
-        high = lambda w: b.bitcast(b.and_(w, ir.Constant(words, [0xFFFF0000 - (1 << 32)] * vector.width)), floats)
+        floats = acc.type
+        low = lambda w: b.bitcast(b.shl(w, _const(w, I32, 16)), floats)
+        high = lambda w: b.bitcast(b.and_(w, _const(w, I32, 0xFFFF0000 - (1 << 32))), floats)
         fma = self._intrinsic("llvm.fma", floats, 3)
         return b.call(fma, [high(a_pair), high(b_pairs), b.call(fma, [low(a_pair), low(b_pairs), acc])])
 
@@ -444,12 +444,9 @@ class LLVMCodegen:
 
 def widen(b: ir.IRBuilder, value):
     """float32 from a value as held in memory: bfloat16 bits are a float32's upper half."""
-    if value.type == F32 or getattr(value.type, "element", None) == F32:
+    if _like(value, F32) == value.type:
         return value
-    vector = isinstance(value.type, ir.VectorType)
-    shape = (lambda t: ir.VectorType(t, value.type.count)) if vector else (lambda t: t)
-    sixteen = ir.Constant(shape(I32), [16] * value.type.count if vector else 16)
-    return b.bitcast(b.shl(b.zext(value, shape(I32)), sixteen), shape(F32))
+    return b.bitcast(b.shl(b.zext(value, _like(value, I32)), _const(value, I32, 16)), _like(value, F32))
 
 
 def narrow(b: ir.IRBuilder, value, elem: ir.Type):
@@ -457,12 +454,21 @@ def narrow(b: ir.IRBuilder, value, elem: ir.Type):
     lowest kept bit, upper half)."""
     if elem == F32:
         return value
-    vector = isinstance(value.type, ir.VectorType)
-    shape = (lambda t: ir.VectorType(t, value.type.count)) if vector else (lambda t: t)
-    const = lambda c: ir.Constant(shape(I32), [c] * value.type.count if vector else c)
-    bits = b.bitcast(value, shape(I32))
+    const = lambda c: _const(value, I32, c)
+    bits = b.bitcast(value, _like(value, I32))
     odd = b.and_(b.lshr(bits, const(16)), const(1))
-    return b.trunc(b.lshr(b.add(bits, b.add(odd, const(0x7FFF))), const(16)), shape(I16))
+    return b.trunc(b.lshr(b.add(bits, b.add(odd, const(0x7FFF))), const(16)), _like(value, I16))
+
+
+def _like(value, typ: ir.Type) -> ir.Type:
+    """`typ`, or a vector of it as wide as `value` when that is a vector."""
+    return ir.VectorType(typ, value.type.count) if isinstance(value.type, ir.VectorType) else typ
+
+
+def _const(value, typ: ir.Type, number: int) -> ir.Constant:
+    """`number` as a `typ` shaped like `value` (splat across a vector)."""
+    shape = _like(value, typ)
+    return ir.Constant(shape, [number] * shape.count if isinstance(shape, ir.VectorType) else number)
 
 
 def element(b: ir.IRBuilder, base, typ: ir.Type, index) -> ir.Value:
