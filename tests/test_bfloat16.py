@@ -130,6 +130,15 @@ def test_the_pair_dot_needs_the_feature_and_says_so():
         generate(program, 1, ("avx", "avx2", "fma", "avx512f"))
 
 
+@pytest.mark.parametrize("n", [33, 34, 39, 45])
+def test_a_block_tail_narrower_than_the_pair_dot_takes_the_split_form(n):
+    """Tails of 1, 2, 7 and 13 columns: vdpbf16ps where a whole 4/8/16-lane vector fits, FMAs on halves below."""
+    workload = dense(5, n, 10, dtype="bfloat16")
+    for config in pair_dot_configs(workload, AVX512_BF16):
+        assembly = generated_assembly(lower(workload, AVX512_BF16, config), AVX512_BF16)
+        assert "vdpbf16ps" in assembly and "vfmadd" in assembly, config
+
+
 @pytest.mark.skipif(not HAS_BF16, reason="the host has no AVX-512 BF16: the pair dot is checked as assembly only")
 @pytest.mark.parametrize("workload", [dense(33, 100, 77, bias=True, epilogue="gelu", dtype="bfloat16"),
                                       batch_matmul(3, 17, 40, 31, dtype="bfloat16"), matmul(64, 64, 768, dtype="bfloat16")])

@@ -13,7 +13,8 @@ Arithmetic is float32. A bfloat16 buffer holds the upper halves of float32 bit p
 load widens them by a shift, a store rounds to nearest even, and a copy between bfloat16
 buffers moves the bits. A pair dot (`dot2`) whose operands are adjacent bfloat16 pairs
 loads each pair as one 32-bit lane and splits it by a shift and a mask; `dot2_bf16` is the
-same sum by AVX-512 BF16's `vdpbf16ps`, for targets that have it.
+same sum by AVX-512 BF16's `vdpbf16ps`, for targets that have it; a tail narrower than the
+instruction (or not in pairs) takes two FMAs, the same sum, as a bfloat16 product is exact.
 """
 from __future__ import annotations
 
@@ -275,10 +276,11 @@ class LLVMCodegen:
             return ir.Constant(vt, [value.value] * vector.width) if vector else ir.Constant(F32, value.value)
         if isinstance(value, Load):
             return self.load(f, value, vector)
+        if value.name == "dot2_bf16" and "avx512bf16" not in self.features:
+            raise CodegenError(f"dot2_bf16 on {vector.width if vector else 1} lanes needs avx512bf16; "
+                               f"the target has {', '.join(self.features) or 'no vector features'}")
         if value.name in ("dot2", "dot2_bf16") and (pairs := self.pairs(f, value, vector)) is not None:
             return self.pair_dot(f, value.name, pairs, self.value(f, value.args[4], vector), vector)
-        if value.name == "dot2_bf16":
-            raise CodegenError("dot2_bf16 needs bfloat16 operands in adjacent pairs, the B pair moving with the vector")
         args = [self.value(f, a, vector) for a in value.args]
         if value.name == "add":
             return b.fadd(*args)
@@ -288,7 +290,7 @@ class LLVMCodegen:
             return b.call(self._intrinsic("llvm.fma", vt, 3), args)
         if value.name == "max":
             return b.call(self._intrinsic("llvm.maxnum", vt, 2), args)
-        if value.name == "dot2":  # operands not in pairs: two FMAs
+        if value.name in ("dot2", "dot2_bf16"):  # operands not in pairs (a one-column tail, say): two FMAs
             a0, b0, a1, b1, acc = args
             fma = self._intrinsic("llvm.fma", vt, 3)
             return b.call(fma, [a1, b1, b.call(fma, [a0, b0, acc])])
@@ -340,11 +342,10 @@ class LLVMCodegen:
         """acc + a0·b0 + a1·b1 on 32-bit lanes each holding a bfloat16 pair (the first element in the low half)."""
         b = f.builder
         a_pair, b_pairs = pairs
-        if name == "dot2_bf16":
-            if "avx512bf16" not in self.features or vector.width not in PAIR_DOT_WIDTHS or \
-                    (vector.width < 16 and "avx512vl" not in self.features):
-                raise CodegenError(f"dot2_bf16 on {vector.width} lanes needs avx512bf16 (and avx512vl below 16); "
-                                   f"the target has {', '.join(self.features) or 'no vector features'}")
+        # a block's tail narrower than the instruction (or below 16 lanes without AVX-512 VL) takes the split form:
+        # the same sum, as a bfloat16 product is exact in float32
+        if name == "dot2_bf16" and vector.width in PAIR_DOT_WIDTHS and \
+                (vector.width == 16 or "avx512vl" in self.features):
             halves = ir.VectorType(BF16, 2 * vector.width)
             fn = self._extern(f"llvm.x86.avx512bf16.dpbf16ps.{PAIR_DOT_WIDTHS[vector.width]}", acc.type,
                               [acc.type, halves, halves])
