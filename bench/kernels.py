@@ -1,7 +1,8 @@
 """`tensortune bench kernels`: the best config found per shape beside NumPy (OpenBLAS), PyTorch CPU and
 the peak FMA rate, all measured in this run, at 1 thread and at all cores. With `--dtype bfloat16` the shapes
 are in bfloat16, beside PyTorch's bfloat16 (oneDNN) and the peak of the instruction family each best config
-uses.
+uses. With `--dtype int8`, the GEMM shapes in uint8 × int8 beside PyTorch's int8 (quantized linear, `_int_mm`)
+and VNNI's peak where a best config uses it (GFLOPS are then integer operations a second).
 
 The search here is the template's fallback, a random sample of the space, then greedy descent
 over one-knob neighbours of the fastest few so far: no cost model (that is the tuner's job), just
@@ -23,6 +24,7 @@ from threadpoolctl import threadpool_info
 
 from search_space import (Config, InvalidConfig, Target, TargetError, Workload, batch_matmul, conv2d, dense,
                           fallback_config, get_space, matmul)
+from search_space.templates import TEMPLATES
 from workers import build
 from workers.reference import head_to_head, inference_call, reference_calls
 from workers.task import MeasureOptions, timed_call
@@ -153,7 +155,7 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
     trials = trials or (10 if quick else 60)
     host = Target.parse("llvm")
     thread_counts = sorted({1, host.threads})
-    every = [w.in_dtype(dtype) for w in SHAPES]
+    every = [w.in_dtype(dtype) for w in SHAPES if dtype in TEMPLATES[w.op, "llvm"].DTYPES]  # int8 has no conv2d
     shapes = [w for w in every if not only or only in w.key]
     if quick:
         shapes = [w for w in shapes if w in (every[1], every[2], every[5])] or shapes
@@ -168,8 +170,9 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
         for workload in shapes:
             row = bench_shape(workload, target, trials, seed, quick)
             family = row["config"]["knobs"].get("isa", "fma")
-            row |= {"family": family, "peak_gflops": round(peaks[family], 2), "launch_us": round(launch, 2)}
-            row["peak_fraction"] = round(row["gflops"] / peaks[family], 3)
+            peak = peaks.get(family)  # none for int8's `widen`
+            row |= {"family": family, "peak_gflops": peak and round(peak, 2), "launch_us": round(launch, 2)}
+            row["peak_fraction"] = peak and round(row["gflops"] / peak, 3)
             rows.append(row)
             if json_lines:
                 print(json.dumps(row), flush=True)
@@ -192,7 +195,7 @@ def print_table(rows: list[dict]) -> None:
                 table.add_row(Workload.from_key(r["workload"]).label, f"{r['gflops']:.1f}",
                               f"{r['numpy_gflops']:.1f}" if r["numpy_gflops"] else "-",
                               f"{r['torch_gflops']:.1f}" if r["torch_gflops"] else "-", f"{r['ratio']:.2f}",
-                              f"{r['peak_fraction']:.0%}", str(r["config"]["index"]))
+                              f"{r['peak_fraction']:.0%}" if r["peak_fraction"] else "-", str(r["config"]["index"]))
         unwrapped = console.measure(table, options=console.options.update_width(UNBOUNDED)).maximum
         table.leading = int(unwrapped > console.width)
         console.print(table)

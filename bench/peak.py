@@ -1,5 +1,5 @@
-"""The machine's peak FMA rate (and AVX-512 BF16's pair-dot rate, where it has that), and what launching a
-parallel kernel costs, all measured with kernels written in tensortune's own loop-nest IR and compiled by its
+"""The machine's peak FMA rate (and AVX-512 BF16's pair-dot and VNNI's byte-quad-dot rates, where it has them),
+and what launching a parallel kernel costs, all measured with kernels written in tensortune's own loop-nest IR and compiled by its
 own code generator."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 
 from search_space import Target
-from search_space.program import Buffer, Loop, Op, Program, Stage, var
+from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, Program, Stage, var
 from workers import compile_program
 from workers.timing import time_samples
 
@@ -16,26 +16,31 @@ CHAINS = 12  # FMA latency 4 × 2 pipes, plus slack: enough independent chains t
 ITERATIONS = 200_000
 
 
-FAMILIES = {"fma": ("float32", 2), "avx512bf16": ("bfloat16", 4)}  # instruction family: its operands, flops a lane
+# instruction family: its operands (A's, B's), the dtype it sums in, flops a 32-bit lane
+FAMILIES = {"fma": ("float32", "float32", "float32", 2), "avx512bf16": ("bfloat16", "bfloat16", "float32", 4),
+            "avx512vnni": ("uint8", "int8", "int32", 8)}
 
 
 def peak_program(threads: int, width: int, family: str = "fma") -> Program:
     """CHAINS accumulator vectors, each updated ITERATIONS times by the family's instruction: `fma` by
-    acc·x + x, `avx512bf16` by the pair dot of x's first pair with its lanes' pairs."""
-    dtype, _ = FAMILIES[family]
-    x = Buffer("x", (2 * width,), "input", dtype)
-    out = Buffer("out", (threads, CHAINS, width), "output")
-    acc = Buffer("acc", (CHAINS, width), "register")
+    acc·x + y, a group dot by the dot of x's first group with y's group in each lane."""
+    from search_space.templates.gemm import DOTS
+
+    a_dtype, b_dtype, sums, _ = FAMILIES[family]
+    group = 4 // ITEMSIZE[a_dtype]
+    x, y = Buffer("x", (group * width,), "input", a_dtype), Buffer("y", (group * width,), "input", b_dtype)
+    out = Buffer("out", (threads, CHAINS, width), "output", sums)
+    acc = Buffer("acc", (CHAINS, width), "register", sums)
     lanes = lambda body: Loop("a", CHAINS, "unrolled", (Loop("l", width, "vectorized", (body,)),))
     a, l = var("a"), var("l")
-    update = Op("fma", (acc[a, l], x[l], x[l])) if family == "fma" else \
-        Op("dot2_bf16", (x[0], x[l * 2], x[1], x[l * 2 + 1], acc[a, l]))
+    update = Op("fma", (acc[a, l], x[l], y[l])) if family == "fma" else \
+        Op(DOTS[family], tuple(v for j in range(group) for v in (x[j], y[l * group + j])) + (acc[a, l],))
     body = (
-        lanes(acc.store((a, l), x[l])),
+        lanes(acc.store((a, l), Const(0 if sums == "int32" else 0.0))),
         Loop("i", ITERATIONS, "serial", (lanes(acc.store((a, l), update)),)),
         lanes(out.store((var("t"), a, l), acc[a, l])),
     )
-    return Program(f"peak_{family}", (x, out, acc), (Stage("peak", (Loop("t", threads, "parallel", body),)),))
+    return Program(f"peak_{family}", (x, y, out, acc), (Stage("peak", (Loop("t", threads, "parallel", body),)),))
 
 
 def peak_call(target: Target, family: str = "fma") -> tuple[Callable[[], None], int]:
@@ -44,10 +49,10 @@ def peak_call(target: Target, family: str = "fma") -> tuple[Callable[[], None], 
     shows."""
     width = target.vector_bits // 32
     (function,), compiled = compile_program(peak_program(target.threads, width, family), target)
-    dtype, flops_per_lane = FAMILIES[family]
-    x = np.full(2 * width, 1e-3, np.float32).astype(dtype)
-    out = np.empty((target.threads, CHAINS, width), np.float32)
-    call = lambda: (compiled, function(x.ctypes.data, out.ctypes.data))  # keeps the machine code alive
+    a_dtype, b_dtype, sums, flops_per_lane = FAMILIES[family]
+    x, y = (np.full(4 * width, 1, np.float32).astype(dtype)[:4 // ITEMSIZE[a_dtype] * width] for dtype in (a_dtype, b_dtype))
+    out = np.empty((target.threads, CHAINS, width), sums)
+    call = lambda: (compiled, function(x.ctypes.data, y.ctypes.data, out.ctypes.data))  # keeps the machine code alive
     return call, flops_per_lane * width * CHAINS * ITERATIONS * target.threads
 
 
@@ -58,10 +63,12 @@ def peak_gflops(target: Target, family: str = "fma") -> float:
 
 def family_peaks(target: Target, dtype: str) -> dict[str, float]:
     """The peak rate of each instruction family a kernel of this dtype may use on the target (the GEMM
-    template's `isa` knob); float32's only family is `fma`."""
+    template's `isa` knob) and that has a peak of its own: float32's only family is `fma`; int8's `widen` has
+    none (integer multiplies and adds whose mix depends on the kernel), its kernels stand beside the FMA's."""
     from search_space.templates.gemm import isas
 
-    return {family: peak_gflops(target, family) for family in (isas(target) if dtype == "bfloat16" else ("fma",))}
+    families = isas(target, dtype) if dtype != "float32" else ("fma",)
+    return {family: peak_gflops(target, family) for family in families if family in FAMILIES}
 
 
 def launch_microseconds(target: Target) -> float:

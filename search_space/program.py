@@ -25,8 +25,12 @@ GPU_INDICES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x")
 LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled") + GPU_INDICES
 SCOPES = ("input", "output", "packed", "register", "shared", "local")
 # fma(a, b, c) = a·b + c; dot2(a0, b0, a1, b1, c) = a0·b0 + a1·b1 + c (bfloat16 pairs, adjacent in memory, are loaded
-# as one 32-bit lane); dot2_bf16 is dot2 by AVX-512 BF16's vdpbf16ps (which flushes denormals)
-OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1, "erf": 1, "dot2": 5, "dot2_bf16": 5}
+# as one 32-bit lane); dot2_bf16 is dot2 by AVX-512 BF16's vdpbf16ps (which flushes denormals); dot4 is the same over
+# four uint8·int8 products summed in int32 (a quad of bytes is one lane), dot4_vnni by AVX-512 VNNI's vpdpbusd;
+# `float` converts an int32 to float32. Integer loads and constants make integer values; add, mul and fma take both.
+OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1, "erf": 1, "dot2": 5, "dot2_bf16": 5, "dot4": 9,
+       "dot4_vnni": 9, "float": 1}
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "uint8": 1, "int8": 1, "int32": 4}
 
 # Nodes are values, compared and hashed by content and never changed once made; not `frozen`, whose __init__ (an
 # object.__setattr__ per field) made lowering a config for the cost model a quarter slower.
@@ -109,7 +113,7 @@ class Buffer:
     @property
     def itemsize(self) -> int:
         """Bytes per element."""
-        return 2 if self.dtype == "bfloat16" else 4
+        return ITEMSIZE[self.dtype]
 
     def __getitem__(self, index) -> Load:
         return Load(self, _index(self, index))
@@ -140,7 +144,7 @@ class Load:
 
 @node
 class Const:
-    value: float
+    value: float  # an int is an int32 constant
 
 
 @node

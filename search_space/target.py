@@ -21,7 +21,8 @@ from functools import cache
 from typing import Collection
 
 KINDS = ("llvm", "cuda")
-VECTOR_FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "neon", "sve")
+VECTOR_FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx512vnni", "neon",
+                   "sve")
 
 
 class TargetError(ValueError):

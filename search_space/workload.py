@@ -14,7 +14,12 @@ import ml_dtypes  # registers numpy's "bfloat16"
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-DTYPES = ("float32", "bfloat16")  # bfloat16: bf16 operands and output, summed in float32
+DTYPES = ("float32", "bfloat16", "int8")  # bfloat16: bf16 operands and output, summed in float32; int8: below
+# int8: uint8 activations × int8 weights summed in int32 (exact). matmul and batch_matmul return the int32 sums; dense
+# dequantizes them as PyTorch's dynamic quantized linear does, to float32: (Σ X·W − x_zero·Σ_k W) · x_scale · w_scale[n]
+# + bias, then the epilogue (the weights symmetric, zero point 0, scaled per output channel or all alike)
+INT8_OPERANDS = {"A": "uint8", "X": "uint8", "B": "int8", "W": "int8", "x_zero": "int32"}  # the rest are float32
+INT8_DENSE_EXTRAS = lambda p: [("x_scale", (1,)), ("x_zero", (1,)), ("w_scale", (p["N"],))]
 MAX_DIM = 1 << 16
 MAX_ELEMENTS = 1 << 28  # 1 GiB of float32 per operand
 ACCUMULATION_EPS = float(np.finfo(np.float32).eps)  # every dtype's products are summed in float32
@@ -245,29 +250,60 @@ class Workload:
 
     def operand_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Names and shapes of the inputs, in call order."""
-        return self.spec.operand_shapes(self.p)
+        extras = INT8_DENSE_EXTRAS(self.p) if self.dtype == "int8" and self.op == "dense" else []
+        return self.spec.operand_shapes(self.p) + extras
+
+    def operand_dtype(self, name: str) -> str:
+        """The dtype of the input called `name` (or of "output"): the workload's, except in int8."""
+        if self.dtype != "int8":
+            return self.dtype
+        if name == "output":
+            return "float32" if self.op == "dense" else "int32"
+        return INT8_OPERANDS.get(name, "float32")
+
+    @property
+    def output_dtype(self) -> str:
+        return self.operand_dtype("output")
 
     def weight_names(self) -> tuple[str, ...]:
         """The inputs a deployed model fixes (dense's W and bias, conv2d's weight and bias), in call order."""
-        return tuple(name for name, _ in self.operand_shapes() if name in self.spec.weights)
+        return tuple(name for name, _ in self.operand_shapes() if name in self.spec.weights + ("w_scale",))
 
     def random_inputs(self, seed: int = 0) -> tuple[np.ndarray, ...]:
         """Uniform in [-1, 1), drawn in float32 (not drawn in float64 and cast: 1.6x faster), rounded to the
-        workload's dtype."""
+        workload's dtype; integers uniform over their whole range, scales that bring a dequantized product near 1."""
         rng = np.random.default_rng(seed)
-        return tuple((rng.random(shape, dtype=np.float32) * 2 - 1).astype(self.dtype, copy=False)
-                     for _, shape in self.operand_shapes())
+
+        def draw(name: str, shape: tuple[int, ...]) -> np.ndarray:
+            dtype = self.operand_dtype(name)
+            if name == "x_zero":
+                return rng.integers(0, 256, shape, dtype=np.int32)
+            if name in ("x_scale", "w_scale"):
+                return (rng.random(shape, dtype=np.float32) + 0.5) / np.float32(256 if name == "x_scale" else 128)
+            if dtype in ("uint8", "int8"):
+                info = np.iinfo(dtype)
+                return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+            return (rng.random(shape, dtype=np.float32) * 2 - 1).astype(dtype, copy=False)
+
+        return tuple(draw(name, shape) for name, shape in self.operand_shapes())
 
     @property
     def tolerance(self) -> float:
         """Absolute error allowed per output element: float32 rounding grows with the reduction length
         (inputs are in [-1, 1]); kernels may sum in any order and fuse multiply-adds. A narrower output adds one
-        unit in its last place: a kernel's float32 sum and the reference's may round to neighbours."""
-        output_ulp = float(ml_dtypes.finfo(self.dtype).eps) if self.dtype != "float32" else 0.0
+        unit in its last place: a kernel's float32 sum and the reference's may round to neighbours. An int32
+        output is exact: half a unit."""
+        if self.output_dtype == "int32":
+            return 0.5
+        output_ulp = float(ml_dtypes.finfo(self.dtype).eps) if self.dtype == "bfloat16" else 0.0
         return 8 * ACCUMULATION_EPS * max(16, self.spec.reduction(self.p)) + output_ulp
 
     def max_error(self, output: np.ndarray, expected: np.ndarray) -> float:
-        """Largest error relative to the tolerance, scaled by the result's magnitude: ≤ 1 passes."""
+        """Largest error relative to the tolerance, scaled by the result's magnitude (not an integer's): ≤ 1
+        passes."""
+        if self.output_dtype == "int32":
+            error = np.abs(np.asarray(output, np.int64) - np.asarray(expected, np.int64))
+            return float(np.max(error, initial=0)) / self.tolerance
         output, expected = (np.asarray(a, np.float32) for a in (output, expected))
         error = np.abs(output - expected)  # in float32: exact enough, as the tolerance is many ulps
         error /= np.maximum(1.0, np.abs(expected))
@@ -275,11 +311,24 @@ class Workload:
 
     def reference(self, *inputs: np.ndarray) -> np.ndarray:
         """The NumPy result every kernel is checked against. NumPy has no fast bfloat16 arithmetic: a narrower
-        dtype's inputs are widened to float32 (exactly), computed there, and the result rounded back."""
+        dtype's inputs are widened to float32 (exactly), computed there, and the result rounded back. int8 sums
+        in float64, exact for any reduction a workload may have (below 2^53)."""
         if self.dtype == "float32":
             return self.spec.reference(self.p, *inputs)
+        if self.dtype == "int8":
+            return _int8_reference(self, inputs)
         wide = self.spec.reference(self.p, *(np.asarray(a, np.float32) for a in inputs))
         return wide.astype(self.dtype)
+
+
+def _int8_reference(workload: Workload, inputs) -> np.ndarray:
+    """The exact int32 sums; dense's dequantized (in float64, rounded once to float32)."""
+    named = {name: np.asarray(a, np.float64) for (name, _), a in zip(workload.operand_shapes(), inputs)}
+    if workload.op != "dense":
+        return workload.spec.reference(workload.p, *named.values()).astype(np.int32)
+    sums = named["X"] @ named["W"].T - named["x_zero"] * named["W"].sum(axis=1)
+    y = sums * (named["x_scale"] * named["w_scale"]) + named.get("bias", 0.0)
+    return _epilogue(y, workload.p["epilogue"]).astype(np.float32)
 
 
 def parse_params(pairs: list[str]) -> dict:

@@ -75,8 +75,8 @@ def bench_kernels(quick: bool = typer.Option(False, "--quick", help="fewer candi
                   only: Optional[str] = typer.Option(None, "--only", help="run the shapes whose key contains this"),
                   seed: int = typer.Option(0, "--seed"),
                   target: str = typer.Option("llvm", "--target", help="llvm, or cuda: this GPU against cuBLAS"),
-                  dtype: str = typer.Option("float32", "--dtype", help="float32, or bfloat16: beside PyTorch's "
-                                                                       "bfloat16 (CPU only)")):
+                  dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or int8: beside PyTorch in it "
+                                                                       "(CPU only)")):
     """Best config found per shape beside NumPy, PyTorch and the peak FMA rate, at 1 thread and all cores
     (with --target cuda: beside cuBLAS on this GPU)."""
     if dtype not in DTYPES:

@@ -8,67 +8,36 @@ import numpy as np
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from torch import nn
 from typer.testing import CliRunner
 
-from bench.peak import peak_call, peak_program
 from db import Database, apply_history_best
 from frontend import extract_tasks
 from frontend.presets import in_dtype
-from search_space import (NoTemplate, Target, Workload, WorkloadError, batch_matmul, conv2d, dense, fallback_config,
-                          get_space, host_target, lower, matmul)
+from search_space import (NoTemplate, Target, Workload, WorkloadError, conv2d, dense, fallback_config,
+                          get_space, lower)
 from search_space.program import format_program
-from search_space.templates.gemm import isas
 from service.api import create_app
 from service.cli import app as cli
 from tuner.tune import tune
 from workers import build
 from workers.build import generated_assembly
-from workers.llvm_codegen import CodegenError, generate
 from workers.pool import make_pool
 from workers.task import MeasureOptions
+from tests.isa_helpers import (HOST, PROPERTY, check, configs_using,
+                               workloads, zen4)
 from tests.test_cli_model import MODEL_FILE, refused, run
 from tests.test_service_api import TOKEN, database, job_body, runner  # noqa: F401  (database: a fixture)
 from tests.serve_helpers import job_in
 
-HOST = Target.parse("llvm -threads=2")
-# a Zen 4 with every feature the bfloat16 templates may use: compiled to assembly on any host, never run here
-AVX512_BF16 = Target.parse("llvm -mcpu=znver4 -mattr=+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512bf16 "
-                           "-threads=1")
-HAS_BF16 = "avx512bf16" in host_target().features
-SIZES = st.one_of(st.sampled_from([1, 2, 3, 5, 7, 13, 16, 17, 31, 32, 64, 97]), st.integers(1, 200))
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
-
-
-@st.composite
-def workloads(draw):
-    op = draw(st.sampled_from(["matmul", "dense", "batch_matmul", "conv2d"]))
-    m, n, k = draw(SIZES), draw(SIZES), draw(SIZES)
-    if op == "matmul":
-        return matmul(m, n, k, dtype="bfloat16")
-    if op == "dense":
-        return dense(m, n, k, bias=draw(st.booleans()), epilogue=draw(st.sampled_from(["none", "relu", "gelu"])),
-                     dtype="bfloat16")
-    if op == "conv2d":
-        return conv2d(1, draw(st.sampled_from([1, 3, 8, 17])), 9, 7, draw(st.sampled_from([1, 8, 17])), 3, 3,
-                      draw(st.integers(1, 2)), 1, bias=True, residual=draw(st.booleans()), epilogue="relu",
-                      dtype="bfloat16")
-    return batch_matmul(draw(st.integers(1, 3)), min(m, 64), min(n, 64), min(k, 64), dtype="bfloat16")
-
-
-def check(workload: Workload, target: Target, config) -> None:
-    inputs = workload.random_inputs(seed=3)
-    out = build(workload, target, config)(*inputs)
-    assert out.dtype == np.dtype("bfloat16") and out.shape == workload.output_shape
-    error = workload.max_error(out, workload.reference(*inputs))
-    assert error <= 1, (workload.key, config, error)
+AVX512_BF16 = zen4("avx512bf16")
 
 
 @PROPERTY
-@given(workloads(), st.integers(0, 2**31 - 1))
+@given(workloads("bfloat16", ("matmul", "dense", "batch_matmul", "conv2d")), st.integers(0, 2**31 - 1))
 def test_every_config_of_a_bfloat16_space_computes_the_rounded_reference(workload, pick):
     """Odd k (the packing's zero pair), k-blocks summed in the float32 workspace, unpacked B, tails of every tile."""
     space = get_space(workload, HOST)
@@ -97,81 +66,19 @@ def test_a_wrong_bfloat16_result_fails_the_check():
     assert workload.max_error(expected, expected) == 0 and workload.max_error(wrong, expected) > 1
 
 
-def test_the_pair_dot_family_is_offered_only_where_the_target_has_it():
-    workload = dense(64, 768, 768, dtype="bfloat16")
-    assert isas(AVX512_BF16) == ("fma", "avx512bf16")
-    assert fallback_config(workload, AVX512_BF16)["isa"] == "avx512bf16"
-    narrowed = Target.parse(str(AVX512_BF16).replace(",+avx512bf16", ""))
-    assert get_space(workload, narrowed).knobs["isa"].candidates == ("fma",)
-    assert "avx512bf16" not in Target.parse("llvm -mattr=-avx512bf16").features  # the host, narrowed
-    assert get_space(workload, Target.parse("llvm -mattr=-avx512bf16")).knobs["isa"].candidates == ("fma",)
-    assert "isa" not in get_space(dense(64, 768, 768), AVX512_BF16).knobs  # float32 spaces are as they were
-
-
-def test_each_family_emits_its_instructions_on_any_host():
-    """The fallback on an AVX-512 BF16 target multiplies by vdpbf16ps; the fma family by FMAs on widened halves."""
-    workload = dense(64, 768, 768, dtype="bfloat16")
-    pair_dot = fallback_config(workload, AVX512_BF16)
-    assembly = generated_assembly(lower(workload, AVX512_BF16, pair_dot), AVX512_BF16)
-    assert sum("vdpbf16ps" in line and "zmm" in line for line in assembly.splitlines()) >= 32
-    widened = get_space(workload, AVX512_BF16).config(pair_dot.to_dict() | {"isa": "fma"})
-    assembly = generated_assembly(lower(workload, AVX512_BF16, widened), AVX512_BF16)
-    assert "vdpbf16ps" not in assembly and sum("vfmadd" in line for line in assembly.splitlines()) >= 64
-    odd = batch_matmul(3, 17, 40, 31, dtype="bfloat16")  # narrower vectors (AVX-512 VL's 128 and 256 bits) too
-    configs = pair_dot_configs(odd, AVX512_BF16)
-    assert {config["vec"] for config in configs} == {4, 8, 16}
-    assert all("vdpbf16ps" in generated_assembly(lower(odd, AVX512_BF16, config), AVX512_BF16) for config in configs)
-
-
-def test_the_pair_dot_needs_the_feature_and_says_so():
-    workload = dense(64, 768, 768, dtype="bfloat16")
-    program = lower(workload, AVX512_BF16, fallback_config(workload, AVX512_BF16))
-    with pytest.raises(CodegenError, match="dot2_bf16 on 16 lanes needs avx512bf16"):
-        generate(program, 1, ("avx", "avx2", "fma", "avx512f"))
-
-
 @pytest.mark.parametrize("n", [33, 34, 39, 45])
 def test_a_block_tail_narrower_than_the_pair_dot_takes_the_split_form(n):
     """Tails of 1, 2, 7 and 13 columns: vdpbf16ps where a whole 4/8/16-lane vector fits, FMAs on halves below."""
     workload = dense(5, n, 10, dtype="bfloat16")
-    for config in pair_dot_configs(workload, AVX512_BF16):
+    for config in configs_using(workload, AVX512_BF16, "avx512bf16"):
         assembly = generated_assembly(lower(workload, AVX512_BF16, config), AVX512_BF16)
         assert "vdpbf16ps" in assembly and "vfmadd" in assembly, config
-
-
-@pytest.mark.skipif(not HAS_BF16, reason="the host has no AVX-512 BF16: the pair dot is checked as assembly only")
-@pytest.mark.parametrize("workload", [dense(33, 100, 77, bias=True, epilogue="gelu", dtype="bfloat16"),
-                                      batch_matmul(3, 17, 40, 31, dtype="bfloat16"), matmul(64, 64, 768, dtype="bfloat16")])
-def test_the_pair_dot_family_computes_the_rounded_reference(workload):
-    target = Target.parse("llvm -threads=1")
-    for config in pair_dot_configs(workload, target):
-        check(workload, target, config)
-
-
-def pair_dot_configs(workload: Workload, target: Target, count: int = 6) -> list:
-    """Random configs of the space that use the pair dot."""
-    space = get_space(workload, target)
-    drawn = (space.get(int(index)) for index in np.random.default_rng(0).integers(0, space.size, 10_000))
-    found = [config for config in drawn if config["isa"] == "avx512bf16"][:count]
-    assert len(found) == count
-    return found
-
-
-def test_the_peak_of_each_family_is_measured_with_its_instruction():
-    assert "vdpbf16ps" in generated_assembly(peak_program(1, 16, "avx512bf16"), AVX512_BF16)
-    call, flops = peak_call(Target.parse("llvm -threads=1"))
-    call()
-    assert flops > 0
-    if HAS_BF16:
-        call, bf16_flops = peak_call(Target.parse("llvm -threads=1"), "avx512bf16")
-        call()
-        assert bf16_flops == 2 * flops
 
 
 def test_bfloat16_is_refused_where_no_template_computes_it():
     with pytest.raises(NoTemplate, match="computes in float32, not bfloat16"):
         get_space(dense(64, 64, 64, dtype="bfloat16"), Target.parse("cuda -arch=sm_90"))
-    with pytest.raises(WorkloadError, match="unsupported dtype 'float16'; supported: float32, bfloat16"):
+    with pytest.raises(WorkloadError, match="unsupported dtype 'float16'; supported: float32, bfloat16, int8"):
         Workload.from_key("dense(M=4,N=4,K=4,dtype=float16)")
     assert Workload.from_key("dense(M=4,N=4,K=4,dtype=bfloat16)") == dense(4, 4, 4, dtype="bfloat16")
 

@@ -15,6 +15,11 @@ buffers moves the bits. A pair dot (`dot2`) whose operands are adjacent bfloat16
 loads each pair as one 32-bit lane and splits it by a shift and a mask; `dot2_bf16` is the
 same sum by AVX-512 BF16's `vdpbf16ps`, for targets that have it; a tail narrower than the
 instruction (or not in pairs) takes two FMAs, the same sum, as a bfloat16 product is exact.
+
+Integer buffers (uint8, int8, int32) load as int32, zero- or sign-extended, and integer
+constants are int32: add, mul and fma of them are integer arithmetic, exact, and `float`
+converts. `dot4` of uint8 quads and int8 quads adjacent in memory loads each quad as one lane
+and splits it into bytes; `dot4_vnni` is AVX-512 VNNI's `vpdpbusd`.
 """
 from __future__ import annotations
 
@@ -22,9 +27,9 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from search_space.program import Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, Store, Value
+from search_space.program import ITEMSIZE, Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, Store, Value
 
-F32, I16, I32, I64, PTR = ir.FloatType(), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.PointerType()
+F32, I8, I16, I32, I64, PTR = ir.FloatType(), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.PointerType()
 VOID = ir.VoidType()
 
 
@@ -39,8 +44,14 @@ class _BFloat(ir.types._BaseFloatType):
 
 _BFloat._create_instance()
 BF16 = _BFloat()
-ELEMENTS = {"float32": F32, "bfloat16": I16}  # how a buffer's elements are held in memory
-PAIR_DOT_WIDTHS = {4: "128", 8: "256", 16: "512"}  # vdpbf16ps's float lanes → the intrinsic's suffix
+ELEMENTS = {"float32": F32, "bfloat16": I16, "uint8": I8, "int8": I8, "int32": I32}  # how elements are held in memory
+SIGNED = ("int8", "int32")
+WIDTHS = {4: "128", 8: "256", 16: "512"}  # vdpbf16ps's and vpdpbusd's 32-bit lanes → the intrinsic's suffix
+# the group dots: their operands' dtypes (A's, B's), and the instruction of the feature that names the special one
+GROUP_DOTS = {"dot2": ("bfloat16", "bfloat16"), "dot2_bf16": ("bfloat16", "bfloat16"), "dot4": ("uint8", "int8"),
+              "dot4_vnni": ("uint8", "int8")}
+SPECIAL_DOTS = {"dot2_bf16": ("avx512bf16", "llvm.x86.avx512bf16.dpbf16ps"),
+                "dot4_vnni": ("avx512vnni", "llvm.x86.avx512.vpdpbusd")}
 # Rational approximation of tanh on [-7.9053, 7.9053] (as in Eigen): odd numerator / even denominator.
 TANH_CLAMP = 7.90531110763549805
 TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
@@ -117,9 +128,10 @@ class LLVMCodegen:
         builder = ir.IRBuilder(fn.append_basic_block("entry"))
         pointers = dict(zip((b.name for b in self.memory), fn.args))
         for reg in self.registers:
-            alloca = builder.alloca(ir.ArrayType(F32, reg.size), name=reg.name)
+            elem = ELEMENTS[reg.dtype]
+            alloca = builder.alloca(ir.ArrayType(elem, reg.size), name=reg.name)
             alloca.align = 64
-            pointers[reg.name] = builder.bitcast(alloca, F32.as_pointer())
+            pointers[reg.name] = builder.bitcast(alloca, elem.as_pointer())
         return _Function(fn, builder, pointers)
 
     def stage(self, stage: Stage) -> None:
@@ -245,7 +257,7 @@ class LLVMCodegen:
         if buffer.dtype != "float32" and isinstance(stmt.value, Load) and stmt.value.buffer.dtype == buffer.dtype:
             value = self.load(f, stmt.value, vector, raw=True)  # a copy (packing): the bits, not a round trip
         else:
-            value = narrow(b, self.value(f, stmt.value, vector), ELEMENTS[buffer.dtype])
+            value = narrow(b, self.value(f, stmt.value, vector), buffer.dtype)
         offset = buffer.flat(stmt.index)
         stride = offset.coeff(vector.var) if vector else 0
         if vector and stride == 0:
@@ -273,33 +285,46 @@ class LLVMCodegen:
         b = f.builder
         vt = ir.VectorType(F32, vector.width) if vector else F32
         if isinstance(value, Const):
-            return ir.Constant(vt, [value.value] * vector.width) if vector else ir.Constant(F32, value.value)
+            scalar = I32 if isinstance(value.value, int) else F32
+            return ir.Constant(ir.VectorType(scalar, vector.width), [value.value] * vector.width) if vector else \
+                ir.Constant(scalar, value.value)
         if isinstance(value, Load):
             return self.load(f, value, vector)
-        if value.name == "dot2_bf16" and "avx512bf16" not in self.features:
-            raise CodegenError(f"dot2_bf16 on {vector.width if vector else 1} lanes needs avx512bf16; "
+        if value.name in SPECIAL_DOTS and (feature := SPECIAL_DOTS[value.name][0]) not in self.features:
+            raise CodegenError(f"{value.name} on {vector.width if vector else 1} lanes needs {feature}; "
                                f"the target has {', '.join(self.features) or 'no vector features'}")
-        if value.name in ("dot2", "dot2_bf16") and (pairs := self.pairs(f, value, vector)) is not None:
-            return self.pair_dot(f, value.name, pairs, self.value(f, value.args[4], vector), vector)
+        if value.name in GROUP_DOTS and (groups := self.groups(f, value, vector)) is not None:
+            return self.group_dot(f, value.name, groups, self.value(f, value.args[-1], vector), vector)
         args = [self.value(f, a, vector) for a in value.args]
+        integer = isinstance(_scalar(args[0]), ir.IntType)
+        if value.name in GROUP_DOTS:  # operands not in groups (a one-column tail, say): multiply-adds
+            total = args[-1]
+            for x, y in zip(args[:-1:2], args[1:-1:2]):
+                total = self.multiply_add(b, x, y, total)
+            return total
+        if value.name == "float":
+            return b.sitofp(args[0], vt)
         if value.name == "add":
-            return b.fadd(*args)
+            return (b.add if integer else b.fadd)(*args)
         if value.name == "mul":
-            return b.fmul(*args)
+            return (b.mul if integer else b.fmul)(*args)
         if value.name == "fma":
-            return b.call(self._intrinsic("llvm.fma", vt, 3), args)
+            return self.multiply_add(b, *args)
         if value.name == "max":
             return b.call(self._intrinsic("llvm.maxnum", vt, 2), args)
-        if value.name in ("dot2", "dot2_bf16"):  # operands not in pairs (a one-column tail, say): two FMAs
-            a0, b0, a1, b1, acc = args
-            fma = self._intrinsic("llvm.fma", vt, 3)
-            return b.call(fma, [a1, b1, b.call(fma, [a0, b0, acc])])
         if value.name == "erf":
             return self.rational(f, args[0], vt, ERF_CLAMP, ERF_P, ERF_Q)
         return self.rational(f, args[0], vt, TANH_CLAMP, TANH_P, TANH_Q)
 
+    def multiply_add(self, b: ir.IRBuilder, x, y, acc):
+        """x·y + acc: an FMA, or integer multiply and add."""
+        if isinstance(_scalar(x), ir.IntType):
+            return b.add(b.mul(x, y), acc)
+        return b.call(self._intrinsic("llvm.fma", x.type, 3), [x, y, acc])
+
     def load(self, f: _Function, load: Load, vector: _Vector | None, raw: bool = False):
-        """The loaded value as float32 (a vector of them in a vectorized loop), or as held in memory when `raw`."""
+        """The loaded value as float32 or int32 (a vector of them in a vectorized loop), or as held in memory when
+        `raw`."""
         b, buffer = f.builder, load.buffer
         elem, align = ELEMENTS[buffer.dtype], buffer.itemsize
         offset = buffer.flat(load.index)
@@ -311,7 +336,7 @@ class LLVMCodegen:
                 address = self.address(f, buffer, self.index_parts(f, offset, None), elem)
                 lanes = b.insert_element(lanes, b.load(address, typ=elem, align=align), ir.Constant(I32, lane))
             del f.env[vector.var]
-            return lanes if raw else widen(b, lanes)
+            return lanes if raw else widen(b, lanes, buffer.dtype)
         parts = self.index_parts(f, offset, vector)
         typ = ir.VectorType(elem, vector.width) if vector else elem
         key = self._key(buffer, parts, typ if stride == 1 else ("broadcast", typ))
@@ -319,42 +344,43 @@ class LLVMCodegen:
             shape = typ if stride == 1 else elem
             loaded = b.load(self.address(f, buffer, parts, shape), typ=shape, align=align)
             f.known[key] = loaded if shape is typ else self.splat(b, loaded, vector.width)
-        return f.known[key] if raw else widen(b, f.known[key])
+        return f.known[key] if raw else widen(b, f.known[key], buffer.dtype)
 
-    def pairs(self, f: _Function, op: Op, vector: _Vector | None) -> tuple | None:
-        """A pair dot's operands as (the A pair, broadcast as 32-bit lanes; the B pairs, one per lane) when they are
-        bfloat16 pairs adjacent in memory, A's fixed across the vector and B's moving two elements a lane."""
-        a0, b0, a1, b1, _ = op.args
-        loads = (a0, b0, a1, b1)
-        if not vector or not all(isinstance(x, Load) and x.buffer.dtype == "bfloat16" for x in loads):
+    def groups(self, f: _Function, op: Op, vector: _Vector | None) -> tuple | None:
+        """A group dot's operands as (the A group, broadcast as 32-bit lanes; the B groups, one per lane) when they
+        are groups adjacent in memory of the dot's dtypes, A's fixed across the vector and B's moving a group a
+        lane."""
+        terms = op.args[:-1]
+        g, dtypes = len(terms) // 2, GROUP_DOTS[op.name]
+        if not vector or not all(isinstance(x, Load) and x.buffer.dtype == dtypes[i % 2] for i, x in enumerate(terms)):
             return None
-        (a0, b0, a1, b1) = offsets = [x.buffer.flat(x.index) for x in loads]
-        if (a1 + (-1), b1 + (-1)) != (a0, b0) or (a0.coeff(vector.var), b0.coeff(vector.var)) != (0, 2):
+        offsets = [x.buffer.flat(x.index) for x in terms]
+        a0, b0 = offsets[:2]
+        if offsets != [o + j for j in range(g) for o in (a0, b0)] or (a0.coeff(vector.var), b0.coeff(vector.var)) != (0, g):
             return None
         b = f.builder
-        pair = lambda load, offset, typ: self.address(f, load.buffer, self.index_parts(f, offset, vector), typ)
+        group = lambda load, offset, typ: self.address(f, load.buffer, self.index_parts(f, offset, vector), typ)
         words = ir.VectorType(I32, vector.width)
-        a_pair = self.splat(b, b.load(pair(loads[0], offsets[0], I32), typ=I32, align=2), vector.width)
-        b_pairs = b.load(pair(loads[1], offsets[1], words), typ=words, align=2)
-        return a_pair, b_pairs
+        align = terms[0].buffer.itemsize
+        a_group = self.splat(b, b.load(group(terms[0], a0, I32), typ=I32, align=align), vector.width)
+        b_groups = b.load(group(terms[1], b0, words), typ=words, align=align)
+        return a_group, b_groups
 
-    def pair_dot(self, f: _Function, name: str, pairs: tuple, acc, vector: _Vector):
-        """acc + a0·b0 + a1·b1 on 32-bit lanes each holding a bfloat16 pair (the first element in the low half)."""
+    def group_dot(self, f: _Function, name: str, groups: tuple, acc, vector: _Vector):
+        """acc + Σ_j a_j·b_j on 32-bit lanes each holding a group (its first element in the low bits): by the
+        special instruction, or split into its elements and multiply-added. A block's tail narrower than the
+        instruction (or below 16 lanes without AVX-512 VL) takes the split form: the same sum, as a bfloat16
+        product is exact in float32 and integers are exact."""
         b = f.builder
-        a_pair, b_pairs = pairs
-        # a block's tail narrower than the instruction (or below 16 lanes without AVX-512 VL) takes the split form:
-        # the same sum, as a bfloat16 product is exact in float32
-        if name == "dot2_bf16" and vector.width in PAIR_DOT_WIDTHS and \
-                (vector.width == 16 or "avx512vl" in self.features):
-            halves = ir.VectorType(BF16, 2 * vector.width)
-            fn = self._extern(f"llvm.x86.avx512bf16.dpbf16ps.{PAIR_DOT_WIDTHS[vector.width]}", acc.type,
-                              [acc.type, halves, halves])
-            return b.call(fn, [acc, b.bitcast(a_pair, halves), b.bitcast(b_pairs, halves)])
-        floats = acc.type
-        low = lambda w: b.bitcast(b.shl(w, _const(w, I32, 16)), floats)
-        high = lambda w: b.bitcast(b.and_(w, _const(w, I32, 0xFFFF0000 - (1 << 32))), floats)
-        fma = self._intrinsic("llvm.fma", floats, 3)
-        return b.call(fma, [high(a_pair), high(b_pairs), b.call(fma, [low(a_pair), low(b_pairs), acc])])
+        a_group, b_groups = groups
+        if name in SPECIAL_DOTS and vector.width in WIDTHS and (vector.width == 16 or "avx512vl" in self.features):
+            operand = ir.VectorType(BF16, 2 * vector.width) if name == "dot2_bf16" else a_group.type
+            fn = self._extern(f"{SPECIAL_DOTS[name][1]}.{WIDTHS[vector.width]}", acc.type, [acc.type, operand, operand])
+            return b.call(fn, [acc, b.bitcast(a_group, operand), b.bitcast(b_groups, operand)])
+        a_dtype, b_dtype = GROUP_DOTS[name]
+        for j in range(4 // ITEMSIZE[a_dtype]):
+            acc = self.multiply_add(b, _element(b, a_group, a_dtype, j), _element(b, b_groups, b_dtype, j), acc)
+        return acc
 
     @staticmethod
     def splat(b: ir.IRBuilder, scalar, width: int):
@@ -443,22 +469,46 @@ class LLVMCodegen:
         return self._memo(f, ("address", buffer.name, None if symbolic is None else id(symbolic), const, str(typ)), emit)
 
 
-def widen(b: ir.IRBuilder, value):
-    """float32 from a value as held in memory: bfloat16 bits are a float32's upper half."""
-    if _like(value, F32) == value.type:
+def widen(b: ir.IRBuilder, value, dtype: str):
+    """float32 or int32 from a value as held in memory: bfloat16 bits are a float32's upper half, 8-bit integers
+    extend by their sign."""
+    if _scalar(value) in (F32, I32):
         return value
-    return b.bitcast(b.shl(b.zext(value, _like(value, I32)), _const(value, I32, 16)), _like(value, F32))
+    if dtype == "bfloat16":
+        return b.bitcast(b.shl(b.zext(value, _like(value, I32)), _const(value, I32, 16)), _like(value, F32))
+    return (b.sext if dtype in SIGNED else b.zext)(value, _like(value, I32))
 
 
-def narrow(b: ir.IRBuilder, value, elem: ir.Type):
-    """A float32 value as held in memory as `elem`: for bfloat16, rounded to nearest even (x + 0x7FFF + the
-    lowest kept bit, upper half)."""
-    if elem == F32:
+def _element(b: ir.IRBuilder, word, dtype: str, j: int):
+    """Element j of the group a 32-bit lane holds (the first in the low bits): a bfloat16 as float32 (the upper
+    half as it is, the lower shifted up), a byte as int32 (shifted to the top, then down with its sign or not)."""
+    if dtype == "bfloat16":
+        bits = b.and_(word, _const(word, I32, 0xFFFF0000 - (1 << 32))) if j else b.shl(word, _const(word, I32, 16))
+        return b.bitcast(bits, _like(word, F32))
+    top = 24 - 8 * j
+    shifted = b.shl(word, _const(word, I32, top)) if top else word
+    return (b.ashr if dtype in SIGNED else b.lshr)(shifted, _const(word, I32, 24))
+
+
+def narrow(b: ir.IRBuilder, value, dtype: str):
+    """A float32 or int32 value as held in memory as `dtype`: for bfloat16, rounded to nearest even (x + 0x7FFF +
+    the lowest kept bit, upper half); 8-bit integers keep their low byte."""
+    elem = ELEMENTS[dtype]
+    if _scalar(value) == elem:
         return value
+    if dtype in ("uint8", "int8") and _scalar(value) == I32:
+        return b.trunc(value, _like(value, I8))
+    if dtype != "bfloat16" or _scalar(value) != F32:
+        raise CodegenError(f"a {_scalar(value)} value stored to a {dtype} buffer")
     const = lambda c: _const(value, I32, c)
     bits = b.bitcast(value, _like(value, I32))
     odd = b.and_(b.lshr(bits, const(16)), const(1))
     return b.trunc(b.lshr(b.add(bits, b.add(odd, const(0x7FFF))), const(16)), _like(value, I16))
+
+
+def _scalar(value) -> ir.Type:
+    """The element type of a value or vector."""
+    return value.type.element if isinstance(value.type, ir.VectorType) else value.type
 
 
 def _like(value, typ: ir.Type) -> ir.Type:

@@ -20,7 +20,7 @@ def inference_call(kernel: Kernel, inputs) -> tuple[Callable, np.ndarray]:
     """A zero-argument call of the kernel and its output array; the workload's weights are bound (packed
     once), as an inference deployment does, so only the activations' work is timed."""
     workload = kernel.workload
-    out = np.empty(workload.output_shape, workload.dtype)
+    out = np.empty(workload.output_shape, workload.output_dtype)
     named = dict(zip((name for name, _ in workload.operand_shapes()), inputs))
     weights = workload.weight_names()
     if not weights:
@@ -33,8 +33,8 @@ def inference_call(kernel: Kernel, inputs) -> tuple[Callable, np.ndarray]:
 def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Callable]:
     """Zero-argument calls computing the workload with NumPy and (when importable) PyTorch: the core product
     of matmul and dense; all of conv2d, its fused parts done by PyTorch as separate operators. NumPy has no
-    bfloat16 arithmetic worth timing: a bfloat16 workload's reference is PyTorch's, in bfloat16 (oneDNN), and
-    without PyTorch NumPy's float32 on the same shape."""
+    bfloat16 or int8 arithmetic worth timing: such a workload's reference is PyTorch's in its dtype (oneDNN's
+    bfloat16; `int8_calls`), and without PyTorch NumPy's float32 on the same shape."""
     p = workload.p
     try:
         import torch
@@ -43,6 +43,8 @@ def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Calla
     if workload.dtype != "float32" and torch is None:
         wide = workload.in_dtype("float32")
         return reference_calls(wide, threads, [np.asarray(a, np.float32) for a in inputs])
+    if workload.dtype == "int8":
+        return int8_calls(workload, threads, inputs, torch)
     if workload.dtype != "float32":
         calls = {}
     elif workload.op == "dense":
@@ -63,6 +65,28 @@ def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Calla
     else:
         calls["torch"] = lambda: torch.matmul(*tensors)
     return calls
+
+
+def int8_calls(workload: Workload, threads: int, inputs, torch) -> dict[str, Callable]:
+    """PyTorch's int8 products: dense by its quantized linear (uint8 activations, int8 weights scaled per
+    channel, prepacked; its output requantized to uint8, ours dequantized to float32), matmul by `torch._int_mm`
+    (int8 × int8 → int32: A shifted by 128 into int8, the same work), batch_matmul by it once per batch."""
+    torch.set_num_threads(threads)
+    named = dict(zip((name for name, _ in workload.operand_shapes()), inputs))
+    if workload.op == "dense":
+        weights = torch._make_per_channel_quantized_tensor(
+            torch.from_numpy(named["W"]), torch.from_numpy(named["w_scale"].astype(np.float64)),
+            torch.zeros(workload.p["N"], dtype=torch.int64), 0)
+        packed = torch.ops.quantized.linear_prepack(weights, None)
+        x = torch._make_per_tensor_quantized_tensor(torch.from_numpy(named["X"]), float(named["x_scale"][0]),
+                                                    int(named["x_zero"][0]))
+        return {"torch": lambda: torch.ops.quantized.linear(x, packed, 0.05, 128)}
+    signed = lambda a: torch.from_numpy((a.astype(np.int16) - 128).astype(np.int8)) if a.dtype == np.uint8 else \
+        torch.from_numpy(a)
+    a, b = signed(inputs[0]), signed(inputs[1])
+    if workload.op == "matmul":
+        return {"torch": lambda: torch._int_mm(a, b)}
+    return {"torch": lambda: [torch._int_mm(a[i], b[i]) for i in range(len(a))]}
 
 
 def reference_name(name: str, workload: Workload) -> str:

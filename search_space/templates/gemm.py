@@ -10,6 +10,13 @@ bfloat16 sums in float32 registers. Its packed B holds k in adjacent pairs, Bp[n
 so that one 32-bit load brings two k of A or of a B column: the `isa` knob multiplies the pairs
 by two FMAs on widened halves (`fma`, any CPU) or by AVX-512 BF16's pair dot (`avx512bf16`).
 Partial sums of a k-block go to a float32 workspace, not through the bfloat16 output.
+
+int8 (uint8 A × int8 B) sums in int32 registers, exactly. Its packed B holds k in groups of four
+bytes, Bp[n/nr][k/4][nr][4] (AVX-512 VNNI's layout), so a 32-bit lane holds four k: `isa` picks
+each byte widened to int32, multiplied and added (`widen`, any CPU) or VNNI's `vpdpbusd`
+(`avx512vnni`). dense dequantizes as it writes: the int32 sum corrected by the zero point times
+the weights' row sums (summed once, when the weights are bound), scaled to float32, then bias and
+epilogue; partial sums of a k-block wait in an int32 workspace.
 """
 from __future__ import annotations
 
@@ -20,10 +27,15 @@ from ..space import Config, ConfigSpace, Knob
 from ..target import Target
 from ..workload import Workload
 from .epilogue import epilogue
-from .gemm_operands import gemm_operands
+from .gemm_operands import gemm_operands, input_buffers
 
 VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "int8")
+# per dtype with a packed layout of its own: the k one 32-bit lane of the packed B holds, the `isa` families (the
+# one any CPU has first, then the one named by its target feature), and the IR op each family's dot is
+GROUPS = {"bfloat16": 2, "int8": 4}
+FAMILIES = {"bfloat16": ("fma", "avx512bf16"), "int8": ("widen", "avx512vnni")}
+DOTS = {"fma": "dot2", "avx512bf16": "dot2_bf16", "widen": "dot4", "avx512vnni": "dot4_vnni"}
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 NR_CHOICES = (4, 8, 12, 16, 24, 32, 48, 64)
 BLOCK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
@@ -69,18 +81,20 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
         return nr % vec == 0 and mr * (nr // vec) + nr // vec + 1 <= registers and nr // vec <= 8
 
     constraints = [(("tile_m", "tile_n", "vec"), fits)]
-    if workload.dtype == "bfloat16":
-        knobs.append(Knob("isa", "annotate", isas(target)))
-        # the pair dot reads the pair layout of the packed B, on 16 lanes (or fewer with AVX-512 VL)
-        constraints.append((("isa", "pack_b", "vec"), lambda isa, pack_b, vec: isa == "fma" or (
+    if workload.dtype in FAMILIES:
+        generic = FAMILIES[workload.dtype][0]
+        knobs.append(Knob("isa", "annotate", isas(target, workload.dtype)))
+        # the special dot reads the group layout of the packed B, on 16 lanes (or fewer with AVX-512 VL)
+        constraints.append((("isa", "pack_b", "vec"), lambda isa, pack_b, vec: isa == generic or (
             pack_b and (vec == 16 or "avx512vl" in target.features))))
     return ConfigSpace(knobs, constraints)
 
 
-def isas(target: Target) -> tuple[str, ...]:
-    """The instruction families a bfloat16 product may use on the target: widen-and-FMA everywhere, AVX-512 BF16's
-    pair dot where the target has it."""
-    return ("fma",) + (("avx512bf16",) if "avx512bf16" in target.features else ())
+def isas(target: Target, dtype: str = "bfloat16") -> tuple[str, ...]:
+    """The instruction families a product in `dtype` may use on the target: widening (and FMA) everywhere, AVX-512
+    BF16's pair dot or VNNI's byte-quad dot where the target has it."""
+    generic, special = FAMILIES[dtype]
+    return (generic,) + ((special,) if special in target.features else ())
 
 
 def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
@@ -109,18 +123,26 @@ class _Gemm:
         self.vec, self.unroll = config["vec"], config["unroll_k"]
         self.parallel = config["parallel"] if target.threads > 1 else "none"
         self.pack = config["pack_b"]
-        self.isa = dict(config.values).get("isa", "fma")
-        self.pairs = self.pack and workload.dtype == "bfloat16"
+        self.isa = dict(config.values).get("isa")
+        self.group = GROUPS.get(workload.dtype, 1) if self.pack else 1  # k per lane of the packed B
         self.options = workload.p
         self.batched = workload.op == "batch_matmul"
+        self.inputs = input_buffers(workload)
         self.a, self.b, self.bias, self.c = gemm_operands(workload)
         panels = -(-self.n // self.nr)
-        depth = (-(-self.k // 2), self.nr, 2) if self.pairs else (self.k, self.nr)
-        self.bp = Buffer("Bp", ((self.batch,) if self.batched else ()) + (panels,) + depth, "packed", workload.dtype)
-        self.acc = Buffer("acc", (self.mr, self.nr), "register")
-        # where a k-block's partial sums wait for the next: C itself, unless C is narrower than the sums
-        narrow = workload.dtype != "float32" and self.kc < self.k
-        self.partial = Buffer("Cw", self.c.shape, "packed") if narrow else self.c
+        depth = (-(-self.k // self.group), self.nr, self.group) if self.group > 1 else (self.k, self.nr)
+        self.bp = Buffer("Bp", ((self.batch,) if self.batched else ()) + (panels,) + depth, "packed", self.b.dtype)
+        self.sums = "int32" if workload.dtype == "int8" else "float32"
+        self.zero = Const(0 if self.sums == "int32" else 0.0)
+        self.acc = Buffer("acc", (self.mr, self.nr), "register", self.sums)
+        # where the result goes on through bias and epilogue: the accumulators, or beside them when they are int32
+        self.result = Buffer("res", (self.mr, self.nr), "register") if self.sums != "float32" else self.acc
+        # where a k-block's partial sums wait for the next: C itself, unless C is not of the sums' dtype
+        own = self.c.dtype != self.sums and self.kc < self.k
+        self.partial = Buffer("Cw", self.c.shape, "packed", self.sums) if own else self.c
+        # dense int8: the weights' row sums, negated (the zero point's correction), summed when they are bound
+        self.quantized = workload.dtype == "int8" and workload.op == "dense"
+        self.row_sums = Buffer("Wsum", (self.n,), "packed", "int32")
 
     def _batch(self, b: Affine, *index) -> tuple:
         return (b, *index) if self.batched else index
@@ -131,15 +153,26 @@ class _Gemm:
         return self.b[self._batch(b, k, n)]
 
     def program(self) -> Program:
-        buffers = [self.a, self.b] + ([self.bias] if self.bias else []) + [self.c]
+        buffers = list(self.inputs.values()) + [self.c]
         stages = []
+        if self.quantized:
+            buffers.append(self.row_sums)
+            stages.append(Stage("sum_W", tuple(self.row_sum_stage()), constant=True))
         if self.pack:
             buffers.append(self.bp)
             stages.append(Stage("pack_" + self.b.name, tuple(self.pack_stage()), constant=self.workload.op == "dense"))
         if self.partial is not self.c:
             buffers.append(self.partial)
         stages.append(Stage("compute", tuple(self.compute_stage())))
-        return Program(self.workload.key, tuple(buffers + [self.acc]), tuple(stages))
+        registers = [self.acc] + ([self.result] if self.result is not self.acc else [])
+        return Program(self.workload.key, tuple(buffers + registers), tuple(stages))
+
+    def row_sum_stage(self):
+        """Wsum[n] = −Σ_k W[n, k]."""
+        n, k = var("n"), var("k")
+        negated = Op("mul", (Const(-1), self.b[n, k]))
+        return [Loop("n", self.n, "serial", (self.row_sums.store(n, self.zero), Loop("k", self.k, "serial", (
+            self.row_sums.store(n, Op("add", (self.row_sums[n], negated))),))))]
 
     def pack_stage(self):
         """Bp[p, k, l] = B[k, p·nr + l]: each panel of nr columns contiguous along k."""
@@ -153,25 +186,26 @@ class _Gemm:
             return [Loop("k", self.k, "serial", (Loop("l", width, "vectorized", (
                 self.bp.store(self._batch(b, p, var("k"), var("l")), self.b_element(b, var("k"), p0 + var("l"))),)),))]
 
-        fill = self.pair_panel if self.pairs else panel
+        fill = self.group_panel if self.group > 1 else panel
         panels = lambda b: tiled("p", self.n, self.nr, 0, lambda p0, w: fill(b, p0, w), par if not self.batched else "serial")
         if self.batched:
             return [Loop("b", self.batch, par, tuple(panels(var("b"))))]
         return panels(Affine())
 
-    def pair_panel(self, b, p0, width):
-        """Bp[p, q, l, j] = B[2q + j, p·nr + l], zero past the last k: the pairs a 32-bit lane holds."""
-        p, full = p0.exact_div(self.nr), self.k // 2
+    def group_panel(self, b, p0, width):
+        """Bp[p, q, l, j] = B[g·q + j, p·nr + l], zero past the last k: the group of g k a 32-bit lane holds."""
+        g = self.group
+        p, full, rest = p0.exact_div(self.nr), self.k // g, self.k % g
         store = lambda q, l, j, value: self.bp.store(self._batch(b, p, q, l, j), value)
         element = lambda k, l: self.b_element(b, k, p0 + l)
         q, l, j = var("q"), var("l"), var("j")
-        pair = (Loop("j", 2, "unrolled", (store(q, l, j, element(q * 2 + j, l)),)),)
+        group = (Loop("j", g, "unrolled", (store(q, l, j, element(q * g + j, l)),)),)
         # dense reads W's rows along k, matmul B's rows along n: the inner loop follows the source
         loops = [("l", width), ("q", full)] if self.workload.op == "dense" else [("q", full), ("l", width)]
-        body = [Loop(loops[0][0], loops[0][1], "serial", (Loop(loops[1][0], loops[1][1], "serial", pair),))] if full else []
-        if self.k % 2:
-            body.append(Loop("l", width, "serial", (store(full, l, 0, element(Affine.of(self.k - 1), l)),
-                                                    store(full, l, 1, Const(0.0)))))
+        body = [Loop(loops[0][0], loops[0][1], "serial", (Loop(loops[1][0], loops[1][1], "serial", group),))] if full else []
+        if rest:
+            body.append(Loop("l", width, "serial", tuple(
+                store(full, l, i, element(Affine.of(self.k - rest + i), l) if i < rest else self.zero) for i in range(g))))
         return body
 
     def compute_stage(self):
@@ -194,25 +228,26 @@ class _Gemm:
         """An mr × nr block of C over one k-block, as a call: identical tiles share one body."""
         (b, _), (m0, mr), (n0, nr), (k0, kc) = chunks["b"], chunks["m"], chunks["n"], chunks["k"]
         args = (("b0", b), ("m0", m0), ("n0", n0), ("k0", k0)) + ((("p0", n0.exact_div(self.nr)),) if self.pack else ())
-        # the pair index of the block's first k: k-blocks start even, as an odd block is the whole of an odd k
-        args += (("q0", k0.exact_div(2)),) if self.pairs else ()
+        # the group index of the block's first k: k-blocks are whole groups but for the last of the whole k
+        args += (("q0", k0.exact_div(self.group)),) if self.group > 1 else ()
         b, m0, n0, k0 = var("b0"), var("m0"), var("n0"), var("k0")
         rows = lambda body: [Loop("r", mr, "unrolled", tuple(self._columns(nr, lambda c: body(var("r"), c))))]
-        zero = rows(lambda r, c: [self.acc.store((r, c), Const(0.0))])
+        zero = rows(lambda r, c: [self.acc.store((r, c), self.zero)])
         source = (lambda k, c: self.bp[self._batch(b, var("p0"), k, c)]) if self.pack else \
             (lambda k, c: self.b_element(b, k, n0 + c))
         a = lambda r, k: self.a[self._batch(b, m0 + r, k)]
         fma = lambda r, c, x, y: [self.acc.store((r, c), Op("fma", (x, y, self.acc[r, c])))]
         unrolled = lambda step: lambda k, u: [Loop("ku", u, "unrolled", tuple(step(k + var("ku"))))]
-        if self.pairs:
-            pair = lambda q, c, j: self.bp[self._batch(b, var("p0"), q, c, j)]
-            dot = "dot2_bf16" if self.isa == "avx512bf16" else "dot2"
-            step = lambda q: rows(lambda r, c: [self.acc.store((r, c), Op(dot, (
-                a(r, q * 2), pair(q, c, 0), a(r, q * 2 + 1), pair(q, c, 1), self.acc[r, c])))])
-            k_loop = tiled("ki", kc // 2, self.unroll, var("q0"), unrolled(step))
-            if kc % 2:  # the last k of an odd k, paired with the packing's zero
-                last = var("q0") + kc // 2
-                k_loop += rows(lambda r, c: fma(r, c, a(r, last * 2), pair(last, c, 0)))
+        if self.group > 1:
+            g, dot = self.group, DOTS[self.isa]
+            packed = lambda q, c, j: self.bp[self._batch(b, var("p0"), q, c, j)]
+            terms = lambda r, c, q: tuple(x for j in range(g) for x in (a(r, q * g + j), packed(q, c, j)))
+            step = lambda q: rows(lambda r, c: [self.acc.store((r, c), Op(dot, terms(r, c, q) + (self.acc[r, c],)))])
+            k_loop = tiled("ki", kc // g, self.unroll, var("q0"), unrolled(step))
+            if kc % g:  # the last k of a k not a multiple of g, in a group the packing filled up with zeros
+                last = var("q0") + kc // g
+                k_loop += rows(lambda r, c: [s for j in range(kc % g) for s in fma(r, c, a(r, last * g + j),
+                                                                                  packed(last, c, j))])
         else:
             step = lambda k: rows(lambda r, c: fma(r, c, a(r, k), source(k, c)))
             k_loop = tiled("ki", kc, self.unroll, k0, unrolled(step))
@@ -232,19 +267,29 @@ class _Gemm:
                     value = Op("add", (self.partial[out(r, c)], value))
                 if not final or not self.epilogued:
                     return [(self.c if final else self.partial).store(out(r, c), value)]
-                # the sum goes through the accumulator so the epilogue reads it once
-                return [self.acc.store((r, c), self.biased(value, n0 + c)),
-                        self.c.store(out(r, c), epilogue(self.options.get("epilogue", "none"), self.acc[r, c]))]
+                # the sum goes through a register so the epilogue reads it once
+                return [self.result.store((r, c), self.biased(self.dequantized(value, n0 + c), n0 + c)),
+                        self.c.store(out(r, c), epilogue(self.options.get("epilogue", "none"), self.result[r, c]))]
             return tuple(rows(body))
 
         if not self.epilogued and self.partial is self.c:
             return [If(k0, "==", 0, store(False, False), store(True, False))]
+        if kc == self.k and self.c.dtype != self.sums == "int32":  # one k-block, and no partial sum fits C
+            return list(store(False, True))
         return [If(k0, "==", 0, (If(k0, "==", last, store(False, True), store(False, False)),),
                    (If(k0, "==", last, store(True, True), store(True, False)),))]
 
     @property
     def epilogued(self) -> bool:
-        return self.bias is not None or self.options.get("epilogue", "none") != "none"
+        return self.bias is not None or self.options.get("epilogue", "none") != "none" or self.quantized
+
+    def dequantized(self, value, n):
+        """float(sum − x_zero·Σ_k W[n, k]) · x_scale · w_scale[n] in dense int8; the sum itself otherwise."""
+        if not self.quantized:
+            return value
+        scale = Op("mul", (self.inputs["x_scale"][0], self.inputs["w_scale"][n]))
+        corrected = Op("fma", (self.inputs["x_zero"][0], self.row_sums[n], value))
+        return Op("mul", (Op("float", (corrected,)), scale))
 
     def biased(self, value, n):
         return Op("add", (value, self.bias[n])) if self.bias is not None else value

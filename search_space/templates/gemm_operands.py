@@ -1,5 +1,6 @@
 """The operand buffers of the GEMM ops, shared by the CPU and CUDA templates: matmul's and batch_matmul's
-A, B → C, dense's X, W (and bias) → Y, named as `Workload.operand_shapes` names them."""
+A, B → C, dense's X, W (and bias, and in int8 the quantization's scales and zero point) → Y, named and typed as
+`Workload.operand_shapes` and `Workload.operand_dtype` say."""
 from __future__ import annotations
 
 from ..program import Buffer
@@ -8,10 +9,13 @@ from ..workload import Workload
 NAMES = {"matmul": ("A", "B", "C"), "dense": ("X", "W", "Y"), "batch_matmul": ("A", "B", "C")}
 
 
+def input_buffers(workload: Workload) -> dict[str, Buffer]:
+    """Every input, in call order."""
+    return {name: Buffer(name, shape, "input", workload.operand_dtype(name)) for name, shape in workload.operand_shapes()}
+
+
 def gemm_operands(workload: Workload) -> tuple[Buffer, Buffer, Buffer | None, Buffer]:
     """(a, b, bias or None, c): the two inputs of the product, dense's bias, the output."""
     a, b, c = NAMES[workload.op]
-    shapes = dict(workload.operand_shapes())
-    buffer = lambda name, shape, scope: Buffer(name, shape, scope, workload.dtype)
-    bias = buffer("bias", shapes["bias"], "input") if "bias" in shapes else None
-    return buffer(a, shapes[a], "input"), buffer(b, shapes[b], "input"), bias, buffer(c, workload.output_shape, "output")
+    inputs = input_buffers(workload)
+    return inputs[a], inputs[b], inputs.get("bias"), Buffer(c, workload.output_shape, "output", workload.output_dtype)

@@ -1,0 +1,110 @@
+"""int8 kernels: uint8 × int8 summed in int32, exactly, for every config of the int8 spaces on awkward shapes; dense
+dequantized as PyTorch's quantized linear does; each instruction family (bytes widened, or VNNI's vpdpbusd) chosen
+from the target's features, emitting its instructions on every host (assembly) and run where the host has it."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from search_space import (NoTemplate, Target, Workload, batch_matmul, conv2d, dense, fallback_config, get_space,
+                          matmul)
+from search_space.templates.gemm import isas
+from service.cli import app as cli
+from workers import build
+from workers.reference import head_to_head, inference_call, reference_calls
+from tests.isa_helpers import (HOST, PROPERTY, check, workloads, zen4)
+
+AVX512_VNNI = zen4("avx512vnni")
+
+
+@PROPERTY
+@given(workloads("int8", ("matmul", "dense", "batch_matmul")), st.integers(0, 2**31 - 1))
+def test_every_config_of_an_int8_space_computes_the_exact_reference(workload, pick):
+    space = get_space(workload, HOST)
+    check(workload, HOST, space.get(pick % space.size))
+
+
+def test_the_operands_and_the_output_of_each_op():
+    assert [(name, dense(2, 3, 4, bias=True, dtype="int8").operand_dtype(name)) for name, _ in
+            dense(2, 3, 4, bias=True, dtype="int8").operand_shapes()] == [
+        ("X", "uint8"), ("W", "int8"), ("bias", "float32"), ("x_scale", "float32"), ("x_zero", "int32"),
+        ("w_scale", "float32")]
+    assert dense(2, 3, 4, dtype="int8").output_dtype == "float32"
+    assert matmul(2, 3, 4, dtype="int8").output_dtype == batch_matmul(1, 2, 3, 4, dtype="int8").output_dtype == "int32"
+    assert dense(2, 3, 4, dtype="int8").weight_names() == ("W", "w_scale")
+    assert Workload.from_key("matmul(M=4,N=4,K=4,dtype=int8)") == matmul(4, 4, 4, dtype="int8")
+
+
+def test_sums_beyond_float32_precision_are_exact():
+    """255 · 127 · 3072 = 99,486,720 > 2^24: a float32 sum would be off; the int32 sum is exact in both families
+    (and an int32 sum one off fails the check)."""
+    workload = matmul(8, 48, 3072, dtype="int8")
+    a = np.full((8, 3072), 255, np.uint8)
+    b = np.full((3072, 48), 127, np.int8)
+    b[::2] = -128
+    expected = workload.reference(a, b)
+    assert expected[0, 0] == 255 * (127 - 128) * 1536 and expected.dtype == np.int32
+    for isa in isas(HOST, "int8"):
+        config = get_space(workload, HOST).config(fallback_config(workload, HOST).to_dict() | {"isa": isa})
+        assert np.array_equal(build(workload, HOST, config)(a, b), expected), isa
+    assert workload.max_error(expected + np.int32(1), expected) > 1 >= workload.max_error(expected, expected)
+    big = matmul(8, 48, 3072, dtype="int8")
+    a, b = big.random_inputs(seed=1)
+    assert np.array_equal(build(big, HOST)(a, b), big.reference(a, b))
+
+
+def test_a_bound_dense_dequantizes_each_call_with_its_own_scale_and_zero_point():
+    """The weights' row sums are taken once, when W is bound; each call brings the activations' scale and zero
+    point, as PyTorch's dynamic quantization does per batch."""
+    workload = dense(17, 40, 99, bias=True, epilogue="relu", dtype="int8")
+    x, w, bias, x_scale, x_zero, w_scale = workload.random_inputs(seed=5)
+    bound = build(workload, HOST).bind(W=w, bias=bias, w_scale=w_scale)
+    for scale, zero in ((x_scale, x_zero), (x_scale * 3, np.array([0], np.int32)), (x_scale, np.array([255], np.int32))):
+        out = bound(x, scale, zero)
+        assert workload.max_error(out, workload.reference(x, w, bias, scale, zero, w_scale)) <= 1
+    assert np.any(out > 0) and np.all(out >= 0)  # relu, and not all zero
+
+
+def test_dense_matches_pytorchs_quantized_linear():
+    """The same uint8 activations and per-channel int8 weights through torch.ops.quantized.linear_dynamic's
+    quantized arithmetic: PyTorch's dequantized float32 result is ours."""
+    workload = dense(16, 24, 64, bias=True, dtype="int8")
+    x, w, bias, x_scale, x_zero, w_scale = workload.random_inputs(seed=7)
+    qw = torch._make_per_channel_quantized_tensor(torch.from_numpy(w), torch.from_numpy(w_scale.astype(np.float64)),
+                                                  torch.zeros(24, dtype=torch.int64), 0)
+    packed = torch.ops.quantized.linear_prepack(qw, torch.from_numpy(bias))
+    qx = torch._make_per_tensor_quantized_tensor(torch.from_numpy(x), float(x_scale[0]), int(x_zero[0]))
+    theirs = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(qx.dequantize(), float(x_scale[0]),
+                                                                               int(x_zero[0]), packed)
+    ours = build(workload, HOST)(x, w, bias, x_scale, x_zero, w_scale)
+    assert np.allclose(ours, theirs.numpy(), atol=1e-4, rtol=1e-5)
+
+
+def test_int8_is_refused_where_no_template_computes_it():
+    with pytest.raises(NoTemplate, match="computes in float32, bfloat16, not int8"):
+        get_space(conv2d(1, 8, 8, 8, 8, 3, 3, dtype="int8"), HOST)
+    with pytest.raises(NoTemplate, match="computes in float32, not int8"):
+        get_space(dense(64, 64, 64, dtype="int8"), Target.parse("cuda -arch=sm_90"))
+
+
+@pytest.mark.parametrize("workload", [dense(32, 64, 96, dtype="int8"), matmul(32, 64, 96, dtype="int8"),
+                                      batch_matmul(2, 32, 64, 96, dtype="int8")])
+def test_pytorchs_int8_runs_beside_ours(workload):
+    """bench kernels' and tune's reference: PyTorch in int8 on the same inputs (the weights prepacked)."""
+    inputs = workload.random_inputs()
+    ours, out = inference_call(build(workload, HOST), inputs)
+    calls = reference_calls(workload, 1, inputs)
+    seconds = head_to_head({"tensortune": ours} | calls, 1, rounds=1, min_repeat_ms=1, settle_seconds=0)
+    assert set(seconds) == {"tensortune", "torch"} and all(s > 0 for s in seconds.values())
+    assert workload.max_error(out, workload.reference(*inputs)) <= 1
+
+
+def test_an_int8_workload_is_tuned_from_the_command_line(tmp_path):
+    tuned = CliRunner().invoke(cli, ["tune", "dense", "M=16", "N=32", "K=48", "dtype=int8", "--trials", "4", "--tuner",
+                                     "random", "--target", "llvm -threads=1", "--db", f"sqlite:///{tmp_path}/t.db"])
+    assert tuned.exit_code == 0, tuned.output
+    assert "alternately with PyTorch int8's" in tuned.output
+    shown = CliRunner().invoke(cli, ["show", "dense", "M=16", "N=32", "K=48", "dtype=int8", "--target", str(AVX512_VNNI)])
+    assert shown.exit_code == 0 and "isa=avx512vnni" in shown.output and "dot4_vnni(X[" in shown.output, shown.output

@@ -1,0 +1,72 @@
+"""The instruction families of the low-precision GEMMs, one test each over both: bfloat16's (`fma`: halves widened
+and FMAs, any CPU; `avx512bf16`: AVX-512 BF16's pair dot) and int8's (`widen`: bytes widened and integer
+multiply-adds, any CPU; `avx512vnni`: AVX-512 VNNI's byte-quad dot). Each is offered only where the target has it,
+emits its instructions on every host (assembly for a Zen 4, whatever this host is), and runs and computes its
+dtype's reference, and has its peak measured, where the host has it."""
+import pytest
+
+from bench.peak import FAMILIES, peak_call, peak_program
+from search_space import Target, batch_matmul, dense, fallback_config, get_space, host_target, lower, matmul
+from search_space.templates.gemm import isas
+from workers.build import generated_assembly
+from tests.isa_helpers import assert_every_width_emits, assert_refused_without, check, configs_using, zen4
+
+ONE = Target.parse("llvm -threads=1")
+# special family → its dtype, its instruction, its IR op; the dtype's family for any CPU, and an instruction of it
+SPECIAL = {"avx512bf16": ("bfloat16", "vdpbf16ps", "dot2_bf16", "fma", "vfmadd"),
+           "avx512vnni": ("int8", "vpdpbusd", "dot4_vnni", "widen", "vpmulld")}
+ODD_SHAPES = lambda dtype: [dense(33, 100, 77, bias=True, epilogue="gelu", dtype=dtype),
+                            batch_matmul(3, 17, 42, 31, dtype=dtype), matmul(64, 64, 3072, dtype=dtype)]
+
+
+def on_host(family: str):
+    return pytest.mark.skipif(family not in host_target().features,
+                              reason=f"the host has no {family}: its family is checked as assembly only")
+
+
+@pytest.mark.parametrize("family", list(SPECIAL))
+def test_the_special_family_is_offered_only_where_the_target_has_it(family):
+    dtype, _, _, generic, _ = SPECIAL[family]
+    target, workload = zen4(family), dense(64, 768, 768, dtype=dtype)
+    assert isas(target, dtype) == (generic, family) and fallback_config(workload, target)["isa"] == family
+    narrowed = Target.parse(str(target).replace(f",+{family}", ""))
+    assert get_space(workload, narrowed).knobs["isa"].candidates == (generic,)
+    assert family not in Target.parse(f"llvm -mattr=-{family}").features  # the host, narrowed
+    assert get_space(workload, Target.parse(f"llvm -mattr=-{family}")).knobs["isa"].candidates == (generic,)
+    assert "isa" not in get_space(dense(64, 768, 768), target).knobs  # float32 spaces are as they were
+
+
+@pytest.mark.parametrize("family", list(SPECIAL))
+def test_each_family_emits_its_instructions_on_any_host(family):
+    """The fallback of a target with the feature uses the special instruction on 512-bit vectors; the generic family
+    never does; configs of every vector width emit it."""
+    dtype, instruction, dot, generic, generic_instruction = SPECIAL[family]
+    target, workload = zen4(family), dense(64, 768, 768, dtype=dtype)
+    special = fallback_config(workload, target)
+    assembly = generated_assembly(lower(workload, target, special), target)
+    assert sum(instruction in line and "zmm" in line for line in assembly.splitlines()) >= 32
+    widened = get_space(workload, target).config(special.to_dict() | {"isa": generic})
+    assembly = generated_assembly(lower(workload, target, widened), target)
+    assert instruction not in assembly and generic_instruction in assembly
+    assert_every_width_emits(batch_matmul(3, 17, 42, 31, dtype=dtype), target, family, instruction)
+    assert_refused_without(workload, target, dot, family)
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=on_host(f)) for f in SPECIAL])
+def test_the_special_family_computes_the_reference(family):
+    for workload in ODD_SHAPES(SPECIAL[family][0]):
+        for config in configs_using(workload, ONE, family):
+            check(workload, ONE, config)
+
+
+@pytest.mark.parametrize("family", list(SPECIAL))
+def test_the_peak_of_each_family_is_measured_with_its_instruction(family):
+    """Emitted on any host; run where the host has it, where its operations per call are the FMA peak's times
+    its operations per lane over the FMA's (two)."""
+    assert SPECIAL[family][1] in generated_assembly(peak_program(1, 16, family), zen4(family))
+    call, fma_flops = peak_call(ONE)
+    call()
+    if family in host_target().features:
+        call, ops = peak_call(ONE, family)
+        call()
+        assert ops == fma_flops * FAMILIES[family][-1] // 2
