@@ -3,7 +3,8 @@
 stored configs, timed in alternating rounds in one run, with the largest difference from eager's output. At several
 sequence lengths each way is compiled once and called at every length, as a server would, and every length is
 warmed up (compiled) before any is timed. In bfloat16 every way runs the model cast to it, and eager's and
-tensortune's largest differences from the float32 model's output say what the cast costs."""
+tensortune's largest differences from the float32 model's output say what the cast costs. In int8 eager is the
+model quantize_dynamic quantized (PyTorch's int8 linears), tensortune the same model on int8 kernels."""
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,11 @@ class Way:
 
 def ways(model, db: str | None, target: str, inductor: bool, max_autotune: bool) -> dict[str, Way]:
     """Eager; with `inductor`, torch.compile's default and, with `max_autotune` too, mode="max-autotune" with
-    Inductor's freezing (weights folded in as constants, as for inference); and tensortune."""
+    Inductor's freezing (weights folded in as constants, as for inference); and tensortune (a model quantized by
+    quantize_dynamic made traceable first: frontend.quantized)."""
     import torch
+
+    from frontend.quantized import traceable
 
     found = {"eager": Way(model)}
     if inductor:
@@ -41,7 +45,7 @@ def ways(model, db: str | None, target: str, inductor: bool, max_autotune: bool)
     if inductor and max_autotune:
         found["inductor_max_autotune"] = Way(torch.compile(model, mode="max-autotune"),
                                              lambda: torch._inductor.config.patch(freezing=True))
-    found["tensortune"] = Way(torch.compile(model, backend="tensortune", options={"db": db, "target": target}))
+    found["tensortune"] = Way(torch.compile(traceable(model), backend="tensortune", options={"db": db, "target": target}))
     return found
 
 
@@ -67,7 +71,8 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
     with torch.inference_mode():
         wide = {length: model(*inputs) for length, inputs in inputs_at.items()} if dtype != "float32" else {}
     model, inputs_at = in_dtype(model, inputs_at, dtype)
-    runs = ways(model, db, target, inductor, max_autotune)
+    # Dynamo does not trace quantize_dynamic's modules: Inductor would run an int8 model as eager does
+    runs = ways(model, db, target, inductor and dtype != "int8", max_autotune)
     outputs, compile_seconds = {}, {}
     # Dynamo's recompile limit (8) counts every way's graphs together, a static one and a dynamic one each
     # (and extract_tasks's capture, one per length, when profiling)

@@ -15,17 +15,22 @@ from rich.console import Console
 from rich.table import Table
 
 from search_space import Target, Workload
-from workers.reference import head_to_head, inference_call, torch_conv2d, torch_epilogue
+from workers.reference import head_to_head, inference_call, int8_calls, torch_conv2d, torch_epilogue
+from workers.torch_arrays import torch_tensor
 
 PREFIX = "tensortune "  # the backend's profiler events: this and the workload's key
 FORWARDS = 10  # profiled forward passes
 
 
-def torch_op(workload: Workload, tensors: list) -> Callable:
-    """What eager PyTorch runs for the workload, as a zero-argument call on `tensors` (its inputs, in order)."""
+def torch_op(workload: Workload, inputs: list, threads: int) -> Callable:
+    """What eager PyTorch runs for the workload, as a zero-argument call on `inputs` (NumPy arrays, in order): in
+    int8, its quantized linear (workers.reference.int8_calls)."""
     import torch
     import torch.nn.functional as F
 
+    if workload.dtype == "int8":
+        return int8_calls(workload, threads, inputs, torch)["torch"]
+    tensors = [torch_tensor(a) for a in inputs]
     if workload.op == "dense":
         x, w, *bias = tensors
         return lambda: torch_epilogue(workload.p["epilogue"])(F.linear(x, w, *bias))
@@ -49,8 +54,6 @@ def in_model_seconds(compiled, inputs: tuple) -> dict[str, float]:
 def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str) -> list[dict]:
     """Per task: µs per call in the model and alone, PyTorch's alone, and the ms per forward pass tensortune
     loses alone (negative: wins); the largest loss first."""
-    import torch
-
     from frontend.shapes import Kernels
 
     target_ = Target.parse(target)
@@ -61,7 +64,7 @@ def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str
         inputs = task.workload.random_inputs()
         tuned, _ = inference_call(kernels.get(task.workload), inputs)
         seconds = head_to_head({"tensortune": tuned,
-                                "torch": torch_op(task.workload, [torch.from_numpy(a) for a in inputs])},
+                                "torch": torch_op(task.workload, inputs, target_.threads)},
                                target_.threads, rounds=3)
         key = task.workload.key
         rows.append({"workload": key, "weight": task.weight,

@@ -3,6 +3,7 @@
 Needs the `[torch]` extra (pip install -e ".[torch]"); nothing else in tensortune imports this package.
 """
 from .backend import tensortune
+from .quantized import traceable
 from .tasks import NothingToTune, extract_tasks
 
-__all__ = ["NothingToTune", "extract_tasks", "tensortune"]
+__all__ = ["NothingToTune", "extract_tasks", "tensortune", "traceable"]

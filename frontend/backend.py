@@ -28,7 +28,7 @@ from torch.autograd import profiler
 from search_space import Target
 
 from . import inductor
-from workers.torch_arrays import torch_dtype
+from workers.torch_arrays import FLOATING, torch_dtype
 
 from .capture import Captured
 from .patterns import Match, find_matches
@@ -42,7 +42,9 @@ class TunedOp(torch.nn.Module):
 
     def __init__(self, match: Match, kernels: Kernels):
         super().__init__()
-        self.form, self.label, self.dtype = match.form, match.label, torch_dtype(match.form.dtype)
+        self.form, self.label, self.dtype = match.form, match.label, torch_dtype(match.form.result_dtype)
+        # floating-point activations are cast to the kernel's dtype (autocast's float32 to bfloat16); int8's kept
+        self.cast = match.form.dtype in FLOATING
         self.sizes = ShapeDispatch(match.form, match.weights, kernels)
         if match.workload is not None:  # static sizes: bind the kernel now, not at the first call
             self.sizes.run(match.shapes)
@@ -56,7 +58,8 @@ class TunedOp(torch.nn.Module):
         dtype than the kernel's (float32 under autocast) are cast, as autocast casts them. Under torch.profiler
         the kernel's time is an event named by its workload (bench model --profile reads them)."""
         run = self.sizes.run(tuple(activation.shape for activation in activations))
-        tensors = [a.detach().to(self.dtype).reshape(shape).contiguous() for a, shape in zip(activations, run.inputs)]
+        tensors = [(a.detach().to(self.dtype) if self.cast else a.detach()).reshape(shape).contiguous()
+                   for a, shape in zip(activations, run.inputs)]
         out = torch.empty(run.output, dtype=self.dtype)
         with torch.profiler.record_function(run.name) if profiler._is_profiler_enabled else nullcontext():
             run.call(*(t.data_ptr() for t in tensors), out.data_ptr())

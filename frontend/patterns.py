@@ -5,7 +5,7 @@ Conv1D), its weight bound transposed; matmul / mm by a model-owned 2-D [K, N] we
 relu or gelu (F.gelu, or GPT-2's tanh form written out) that nothing else reads, seen through one view. A
 2-D matmul of two activations → matmul; 3-D and 4-D matmul / bmm with equal batch dimensions →
 batch_matmul (batch × heads flattened); conv2d with an eval-mode BatchNorm folded in, then a residual add
-and a relu → conv2d. A match computes in the dtype its product's result was traced in, float32 or bfloat16: a model
+and a relu → conv2d; frontend.quantized's int8 linear → dense int8. A match computes in the dtype its product's result was traced in, float32 or bfloat16: a model
 cast to bfloat16, or float32 operands under torch.autocast("cpu", dtype=torch.bfloat16), whose weights are bound
 cast and whose activations are cast at each call, as autocast casts them. Everything else stays in PyTorch, said
 in one line per reason. A match names the graph
@@ -34,6 +34,7 @@ from search_space import Workload, WorkloadError
 from workers.torch_arrays import dtype_name, numpy_array
 
 from .capture import Captured, example_value
+from .quantized import quantized_linear
 from .shapes import Conv2d, Dense, Form, Product, Shape, Size
 
 
@@ -49,6 +50,7 @@ MUL = {operator.mul, torch.mul, operator.imul}
 POW = {operator.pow, torch.pow}
 TANH = {torch.tanh}
 VIEW = {torch.reshape}
+QUANTIZED_LINEAR = {torch.ops.tensortune.quantized_linear.default, quantized_linear}
 
 
 log = logging.getLogger("tensortune.frontend")
@@ -128,10 +130,10 @@ def traced(node, captured: Captured) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) and dtype_name(value) is not None else None
 
 
-def shape_of(node: fx.Node, captured: Captured) -> Shape | None:
+def shape_of(node: fx.Node, captured: Captured, value: torch.Tensor | None = None) -> Shape | None:
     """The shape of a node's value as traced (an int for each static size, a SymInt for each that varies), when
-    it is a float32 or bfloat16 tensor; None for anything else."""
-    value = traced(node, captured)
+    it is a float32 or bfloat16 tensor (or is `value`); None for anything else."""
+    value = traced(node, captured) if value is None else value
     return None if value is None else tuple(int(size) if is_concrete_int(size) else size for size in value.shape)
 
 
@@ -153,7 +155,7 @@ def typed(match: Match, captured: Captured) -> Match | None:
     """The match when its result (after a fused epilogue) was traced in its dtype, as the graph after it reads
     it; else None, and PyTorch computes it."""
     value = traced(match.nodes[-1], captured)
-    return match if value is not None and dtype_name(value) == match.form.dtype else None
+    return match if value is not None and dtype_name(value) == match.form.result_dtype else None
 
 
 def same_size(first: Size, second: Size) -> bool:
@@ -171,13 +173,16 @@ def weight_fixed(size: Size, value: int, name: str) -> bool:
     raise VaryingShape(f"the size its weight fixes ({name}) changes between calls")
 
 
-def constant(node, captured: Captured) -> np.ndarray | None:
-    """A tensor the model holds (a parameter, buffer or tensor attribute) that the graph reads, as NumPy; None
-    for anything else, a tensor the caller passes above all: binding it would keep its first value."""
+def constant(node, captured: Captured, integer: bool = False) -> np.ndarray | None:
+    """A tensor the model holds (a parameter, buffer or tensor attribute) that the graph reads, as NumPy, in
+    float32 or bfloat16 (or int8, when `integer`); None for anything else, a tensor the caller passes above all:
+    binding it would keep its first value."""
     if not isinstance(node, fx.Node) or node.op not in ("placeholder", "get_attr"):
         return None
     value = example_value(node, captured)
-    if not isinstance(value, torch.Tensor) or dtype_name(value) is None or isinstance(value, torch._subclasses.FakeTensor):
+    if not isinstance(value, torch.Tensor) or isinstance(value, torch._subclasses.FakeTensor):
+        return None
+    if dtype_name(value) is None and not (integer and value.dtype == torch.int8):
         return None
     if node.op == "placeholder" and get_static_address_type(value) is None:  # Dynamo marks the model's own tensors
         return None
@@ -309,6 +314,25 @@ def match_matmul(node: fx.Node, scan: Scan) -> Match | None:
     return typed(Match(Product(dtype), [node], [a, b], (left, right)), captured)
 
 
+def match_quantized_linear(node: fx.Node, scan: Scan) -> Match | None:
+    """frontend.quantized's int8 linear: dense int8, the uint8 activation and its scale and zero point passed at
+    each call, the int8 weight, its scales and the bias bound."""
+    captured = scan.captured
+    x, x_scale, x_zero, weight_node, w_scale_node, bias_node = node.args
+    weight, w_scale = constant(weight_node, captured, integer=True), constant(w_scale_node, captured)
+    bias = constant(bias_node, captured) if bias_node is not None else None
+    value = x.meta.get("example_value") if isinstance(x, fx.Node) else None
+    if weight is None or w_scale is None or (bias_node is not None and bias is None) or value is None:
+        return None
+    shape = shape_of(x, captured, value)
+    if len(shape) < 2 or not weight_fixed(shape[-1], weight.shape[1], "K"):
+        return None
+    epilogue, activation, view = fused_activation(node, scan)
+    weights = {"W": weight, "w_scale": w_scale} | ({"bias": bias} if bias is not None else {})
+    form = Dense(weight.shape[0], weight.shape[1], bias is not None, epilogue, "int8")
+    return typed(Match(form, [node] + activation, [x, x_scale, x_zero], (shape, (1,), (1,)), weights, view), captured)
+
+
 def match_conv2d(node: fx.Node, scan: Scan) -> Match | None:
     captured = scan.captured
     x, weight_node, bias_node = argument(node, 0, "input"), argument(node, 1, "weight"), argument(node, 2, "bias")
@@ -370,7 +394,8 @@ def fold_batch_norm(node: fx.Node, weight: np.ndarray, bias: np.ndarray | None, 
 
 
 MATCHERS = ((LINEAR, (), match_linear), (ADDMM, ("addmm",), match_addmm),
-            (MATMUL, ("matmul", "bmm", "__matmul__"), match_matmul), (CONV, (), match_conv2d))
+            (MATMUL, ("matmul", "bmm", "__matmul__"), match_matmul), (CONV, (), match_conv2d),
+            (QUANTIZED_LINEAR, (), match_quantized_linear))
 
 
 def find_matches(captured: Captured) -> list[Match]:

@@ -14,6 +14,8 @@ from torch import nn
 
 from workers.torch_arrays import torch_dtype
 
+from .quantized import quantize
+
 
 class ModelError(ValueError):
     """A model spec that names no preset, or a file that cannot give a model."""
@@ -184,9 +186,12 @@ def load_model_at(spec: str, seq_lens: Sequence[int] = ()) -> tuple[nn.Module, d
 
 def in_dtype(model: nn.Module, inputs_at: dict, dtype: str) -> tuple[nn.Module, dict]:
     """The model and its inputs in `dtype` (a workload dtype name): parameters, buffers and floating-point inputs cast,
-    as `model.to(torch.bfloat16)` does, integer inputs (token ids, masks) kept. The model is cast in place."""
+    as `model.to(torch.bfloat16)` does, integer inputs (token ids, masks) kept; the model is cast in place. In int8,
+    a copy with its Linears quantized by PyTorch's quantize_dynamic (frontend.quantized), the inputs as they are."""
     if dtype == "float32":
         return model, inputs_at
+    if dtype == "int8":
+        return quantize(model), inputs_at
     wanted = torch_dtype(dtype)
     cast = lambda value: value.to(wanted) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
     return model.to(wanted), {length: tuple(map(cast, inputs)) for length, inputs in inputs_at.items()}

@@ -27,7 +27,7 @@ from db import Database, HistoryBest, ServedBest
 from db.history import StoredConfig
 from db.served import is_served
 from search_space import Target, Workload, fallback_config
-from search_space.workload import conv2d_output
+from search_space.workload import conv2d_output, output_dtype
 from tuner import predict  # noqa: F401  registers predicted configs: a shape with no tuned neighbour gets one
 from workers import build
 
@@ -47,12 +47,17 @@ class Dense:
     epilogue: str = "none"
     dtype: str = "float32"
 
-    def workload(self, x: tuple[int, ...]) -> Workload:
+    def workload(self, x: tuple[int, ...], *quantization) -> Workload:
+        """From x's shape (in int8, x's scale and zero point follow it, of shape (1,))."""
         return Workload.make("dense", self.dtype, M=math.prod(x[:-1]), N=self.N, K=self.K, bias=self.bias,
                              epilogue=self.epilogue)
 
-    def result_shape(self, x: Shape) -> Shape:
+    def result_shape(self, x: Shape, *quantization) -> Shape:
         return (*x[:-1], self.N)
+
+    @property
+    def result_dtype(self) -> str:
+        return output_dtype("dense", self.dtype)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,10 @@ class Product:
 
     def result_shape(self, a: Shape, b: Shape) -> Shape:
         return (*a[:-1], b[-1])
+
+    @property
+    def result_dtype(self) -> str:
+        return output_dtype("matmul", self.dtype)
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,10 @@ class Conv2d:
     def result_shape(self, x: Shape, *residual) -> Shape:
         sizes = {"H": x[2], "W": x[3], "R": self.R, "S": self.S, "stride": self.stride, "pad": self.pad}
         return (x[0], self.K, *conv2d_output(sizes))
+
+    @property
+    def result_dtype(self) -> str:
+        return output_dtype("conv2d", self.dtype)
 
 
 Form = Union[Dense, Product, Conv2d]

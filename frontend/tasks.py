@@ -12,6 +12,7 @@ from tuner.scheduler import TuningTask
 
 from .capture import capture
 from .patterns import find_matches
+from .quantized import traceable
 
 
 class NothingToTune(ValueError):
@@ -27,9 +28,11 @@ def extract_tasks(model: torch.nn.Module, example_inputs: tuple) -> list[TuningT
 
 def extract_tasks_at(model: torch.nn.Module, input_sets: Iterable[tuple]) -> list[TuningTask]:
     """`extract_tasks` of the model run once on each of `input_sets` (its example inputs at several sequence
-    lengths): the workloads of every run, the weights of one that several runs share summed."""
+    lengths): the workloads of every run, the weights of one that several runs share summed. A model quantized by
+    quantize_dynamic is read as frontend.quantized.traceable makes it."""
     counts: Counter = Counter()
     paths: dict = {}
+    model = traceable(model)
     for example_inputs in input_sets:
         for captured in capture(model, example_inputs):
             for match in find_matches(captured):

@@ -255,11 +255,9 @@ class Workload:
 
     def operand_dtype(self, name: str) -> str:
         """The dtype of the input called `name` (or of "output"): the workload's, except in int8."""
-        if self.dtype != "int8":
-            return self.dtype
         if name == "output":
-            return "float32" if self.op == "dense" else "int32"
-        return INT8_OPERANDS.get(name, "float32")
+            return output_dtype(self.op, self.dtype)
+        return INT8_OPERANDS.get(name, "float32") if self.dtype == "int8" else self.dtype
 
     @property
     def output_dtype(self) -> str:
@@ -319,6 +317,13 @@ class Workload:
             return _int8_reference(self, inputs)
         wide = self.spec.reference(self.p, *(np.asarray(a, np.float32) for a in inputs))
         return wide.astype(self.dtype)
+
+
+def output_dtype(op: str, dtype: str) -> str:
+    """The dtype an op of `dtype` returns: its own, but int8's int32 sums, which dense dequantizes to float32."""
+    if dtype != "int8":
+        return dtype
+    return "float32" if op == "dense" else "int32"
 
 
 def _int8_reference(workload: Workload, inputs) -> np.ndarray:

@@ -7,7 +7,8 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from search_space import DTYPES, Workload
+from search_space import Workload
+from workers.torch_arrays import FLOATING
 
 from .cli_args import (DB_OPTION, TARGET_OPTION, WORKERS_HELP, check_workers, console, fail, open_database, parse_target,
                        writing_to)
@@ -16,8 +17,10 @@ MODEL_HELP = ("a preset (bert-layer, bert-base, resnet18, hf-bert-base, hf-gpt2)
               "(model, example_inputs)")
 SEQ_LENS_OPTION = typer.Option(None, "--seq-lens", metavar="L,L,...",
                                help="sequence lengths to make the model at (the function is called with seq_len=L)")
-DTYPE_OPTION = typer.Option("float32", "--dtype", help="float32, or bfloat16: the model and its floating-point inputs "
-                                                       "cast to it, as model.to(torch.bfloat16) does")
+DTYPE_OPTION = typer.Option("float32", "--dtype", help="float32; bfloat16: the model and its floating-point inputs "
+                                                       "cast to it, as model.to(torch.bfloat16) does; int8: its "
+                                                       "Linears quantized by torch.ao's quantize_dynamic")
+MODEL_DTYPES = FLOATING + ("int8",)
 
 
 def require_torch() -> None:
@@ -41,8 +44,8 @@ def parse_seq_lens(text: str | None) -> list[int]:
 
 
 def check_dtype(dtype: str) -> None:
-    if dtype not in DTYPES:
-        fail(f"--dtype {dtype}: unknown dtype; known: {', '.join(DTYPES)}", 2)
+    if dtype not in MODEL_DTYPES:
+        fail(f"--dtype {dtype}: unknown dtype for a model; known: {', '.join(MODEL_DTYPES)}", 2)
 
 
 def load(spec: str, seq_lens: list[int]):

@@ -1,5 +1,8 @@
 """Suite-wide set-up."""
 import signal
+import sys
+
+import pytest
 
 
 def pytest_configure(config):
@@ -8,3 +11,12 @@ def pytest_configure(config):
     the tests that press Ctrl-C on `tune` and `serve` would wait for an interruption that never comes."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test starts with none of Dynamo's state from the tests before it: a model called at several sizes
+    leaves its code marked dynamic, and the next test's graphs would be traced symbolic."""
+    yield
+    if "torch._dynamo" in sys.modules:
+        sys.modules["torch._dynamo"].reset()

@@ -41,7 +41,7 @@ def test_bench_kernels_in_bfloat16_against_pytorchs_bfloat16():
         assert row["ratio"] == pytest.approx(row["gflops"] / row["torch_gflops"], rel=0.05, abs=0.002)
         assert row["peak_fraction"] == pytest.approx(row["gflops"] / row["peak_gflops"], rel=0.01)
     refused = CliRunner().invoke(app, ["bench", "kernels", "--dtype", "int4"])
-    assert refused.exit_code == 2 and "unknown dtype 'int4'; known: float32, bfloat16" in refused.output
+    assert refused.exit_code == 2 and "unknown dtype 'int4'; known: float32, bfloat16, int8" in refused.output
 
 
 def test_bench_kernels_table_keeps_whole_workload_labels_at_80_columns(capsys, monkeypatch):

@@ -165,7 +165,7 @@ def test_tune_model_and_bench_model_in_bfloat16(tmp_path, monkeypatch):
     assert row["dtype"] == "bfloat16" and row["tensortune_ms"] > 0
     assert 0 < row["tensortune_float32_error"] <= 1.5 * row["eager_float32_error"], row
     no = refused("bench", "model", "models.py:tiny", "--dtype", "float16", cwd=tmp_path, monkeypatch=monkeypatch)
-    assert no.exit_code == 2 and "--dtype float16: unknown dtype; known: float32, bfloat16" in no.output
+    assert no.exit_code == 2 and "--dtype float16: unknown dtype for a model; known: float32, bfloat16, int8" in no.output
 
 
 @pytest.mark.parametrize("graph", ["inductor", "eager"])

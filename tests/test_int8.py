@@ -1,12 +1,19 @@
 """int8 kernels: uint8 × int8 summed in int32, exactly, for every config of the int8 spaces on awkward shapes; dense
 dequantized as PyTorch's quantized linear does; each instruction family (bytes widened, or VNNI's vpdpbusd) chosen
 from the target's features, emitting its instructions on every host (assembly) and run where the host has it."""
+import json
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from torch import nn
 from typer.testing import CliRunner
+
+from db import Database
+from frontend import extract_tasks
+from frontend.quantized import traceable
 
 from search_space import (NoTemplate, Target, Workload, batch_matmul, conv2d, dense, fallback_config, get_space,
                           matmul)
@@ -14,6 +21,7 @@ from search_space.templates.gemm import isas
 from service.cli import app as cli
 from workers import build
 from workers.reference import head_to_head, inference_call, reference_calls
+from tests.test_cli_model import MODEL_FILE, run
 from tests.isa_helpers import (HOST, PROPERTY, check, workloads, zen4)
 
 AVX512_VNNI = zen4("avx512vnni")
@@ -101,10 +109,64 @@ def test_pytorchs_int8_runs_beside_ours(workload):
     assert workload.max_error(out, workload.reference(*inputs)) <= 1
 
 
-def test_an_int8_workload_is_tuned_from_the_command_line(tmp_path):
+def test_an_int8_workload_is_tuned_from_the_command_line_and_shown(tmp_path):
     tuned = CliRunner().invoke(cli, ["tune", "dense", "M=16", "N=32", "K=48", "dtype=int8", "--trials", "4", "--tuner",
                                      "random", "--target", "llvm -threads=1", "--db", f"sqlite:///{tmp_path}/t.db"])
     assert tuned.exit_code == 0, tuned.output
     assert "alternately with PyTorch int8's" in tuned.output
     shown = CliRunner().invoke(cli, ["show", "dense", "M=16", "N=32", "K=48", "dtype=int8", "--target", str(AVX512_VNNI)])
     assert shown.exit_code == 0 and "isa=avx512vnni" in shown.output and "dot4_vnni(X[" in shown.output, shown.output
+
+
+def tiny_quantized(per_channel: bool = False) -> tuple[nn.Module, nn.Module]:
+    """A float32 model and quantize_dynamic's int8 copy of it (weights scaled per tensor, or per channel)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    spec = {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig} if per_channel else {nn.Linear}
+    return model, torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8)
+
+
+@pytest.mark.parametrize("per_channel, graph", [(False, "inductor"), (True, "eager")])
+def test_a_dynamically_quantized_model_runs_on_int8_kernels(per_channel, graph, tmp_path, caplog):
+    """extract_tasks finds its int8 dense layers (the relu fused); compiled, each size it is called at runs on
+    int8 kernels computing what the traceable model's quantized linear computes in PyTorch, as close to the
+    float32 model as PyTorch's own int8."""
+    model, quantized = tiny_quantized(per_channel)
+    x = torch.randn(4, 16)
+    with torch.inference_mode():
+        assert [task.workload for task in extract_tasks(quantized, (x,))] == [
+            dense(4, 32, 16, bias=True, epilogue="relu", dtype="int8"), dense(4, 8, 32, bias=True, dtype="int8")]
+        exact = traceable(quantized)
+        torch._dynamo.reset()
+        compiled = torch.compile(exact, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/q.db", "graph": graph})
+        for rows in (4, 6, 9):  # the third call's graph is symbolic in the rows
+            x = torch.randn(rows, 16)
+            ours = compiled(x)
+            assert ours.dtype == torch.float32 and torch.allclose(ours, exact(x), atol=1e-5), rows
+            assert (ours - model(x)).abs().max() <= 1.5 * (quantized(x) - model(x)).abs().max()
+    assert "run in PyTorch" not in caplog.text
+
+
+def test_only_symmetric_int8_weights_are_taken():
+    layer = torch.ao.nn.quantized.dynamic.Linear(16, 8)
+    layer.set_weight_bias(torch.quantize_per_tensor(torch.randn(8, 16), 0.1, 3, torch.qint8), None)
+    with pytest.raises(ValueError, match="1: tensortune's int8 kernels take symmetric weights"):
+        traceable(nn.Sequential(nn.ReLU(), layer))
+
+
+def test_tune_model_and_bench_model_in_int8(tmp_path):
+    """`--dtype int8`: the model's Linears quantized by quantize_dynamic, its int8 tasks tuned as a job of their own;
+    bench model times PyTorch's int8 model against tensortune's and says how far each is from the float32 model."""
+    (tmp_path / "models.py").write_text(MODEL_FILE)
+    db = f"sqlite:///{tmp_path}/t.db"
+    tuned = run("tune-model", "models.py:tiny", "--trials", "8", "--tuner", "random", "--dtype", "int8", "--target",
+                "llvm -threads=1", "--db", db, cwd=tmp_path)
+    assert tuned.returncode == 0, tuned.stderr
+    assert {job.workload for job in Database(db).children(1)} == {
+        dense(4, 32, 16, bias=True, epilogue="relu", dtype="int8"), dense(4, 8, 32, bias=True, dtype="int8")}
+    timed = run("bench", "model", "models.py:tiny", "--json", "--dtype", "int8", "--db", db, "--target",
+                "llvm -threads=1", cwd=tmp_path)
+    assert timed.returncode == 0, timed.stderr
+    row = json.loads(timed.stdout.strip().splitlines()[-1])
+    assert row["dtype"] == "int8" and row["tensortune_ms"] > 0 and "inductor_ms" not in row
+    assert 0 < row["tensortune_float32_error"] <= 1.5 * row["eager_float32_error"], row

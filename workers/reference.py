@@ -4,6 +4,7 @@ passing load on the machine hit all contenders alike."""
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -74,12 +75,14 @@ def int8_calls(workload: Workload, threads: int, inputs, torch) -> dict[str, Cal
     torch.set_num_threads(threads)
     named = dict(zip((name for name, _ in workload.operand_shapes()), inputs))
     if workload.op == "dense":
-        weights = torch._make_per_channel_quantized_tensor(
-            torch.from_numpy(named["W"]), torch.from_numpy(named["w_scale"].astype(np.float64)),
-            torch.zeros(workload.p["N"], dtype=torch.int64), 0)
+        with warnings.catch_warnings():  # PyTorch 2.13 deprecates its quantized tensors, though its linear takes them
+            warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
+            weights = torch._make_per_channel_quantized_tensor(
+                torch.from_numpy(named["W"]), torch.from_numpy(named["w_scale"].astype(np.float64)),
+                torch.zeros(workload.p["N"], dtype=torch.int64), 0)
+            x = torch._make_per_tensor_quantized_tensor(torch.from_numpy(named["X"]), float(named["x_scale"][0]),
+                                                        int(named["x_zero"][0]))
         packed = torch.ops.quantized.linear_prepack(weights, None)
-        x = torch._make_per_tensor_quantized_tensor(torch.from_numpy(named["X"]), float(named["x_scale"][0]),
-                                                    int(named["x_zero"][0]))
         return {"torch": lambda: torch.ops.quantized.linear(x, packed, 0.05, 128)}
     signed = lambda a: torch.from_numpy((a.astype(np.int16) - 128).astype(np.int8)) if a.dtype == np.uint8 else \
         torch.from_numpy(a)

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from search_space import DTYPES
+FLOATING = ("float32", "bfloat16")  # the dtypes a model's floating-point operators compute in on tensortune kernels
 
 
 def torch_dtype(name: str):
-    """The torch dtype of a workload's dtype name."""
+    """The torch dtype of a buffer's dtype name (a floating-point workload's dtype is its buffers')."""
     import torch
 
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "uint8": torch.uint8, "int8": torch.int8,
+            "int32": torch.int32}[name]
 
 
 def dtype_name(tensor) -> str | None:
-    """The workload dtype name of a tensor's dtype; None for one tensortune does not compute in."""
-    return next((name for name in DTYPES if tensor.dtype == torch_dtype(name)), None)
+    """The floating-point workload dtype name of a tensor's dtype; None for one tensortune does not compute a model's
+    floating-point operators in."""
+    return next((name for name in FLOATING if tensor.dtype == torch_dtype(name)), None)
 
 
 def torch_tensor(array: np.ndarray):
