@@ -124,7 +124,7 @@ OPS: dict[str, OpSpec] = {
         lambda p: 2 * p["M"] * p["N"] * p["K"],
         _dense_reference,
         lambda p: p["K"],
-        weights=("W", "bias"),
+        weights=("W", "bias", "w_scale"),  # w_scale: int8's
     ),
     "batch_matmul": OpSpec(
         "batch_matmul", ("B", "M", "N", "K"), {},
@@ -265,7 +265,7 @@ class Workload:
 
     def weight_names(self) -> tuple[str, ...]:
         """The inputs a deployed model fixes (dense's W and bias, conv2d's weight and bias), in call order."""
-        return tuple(name for name, _ in self.operand_shapes() if name in self.spec.weights + ("w_scale",))
+        return tuple(name for name, _ in self.operand_shapes() if name in self.spec.weights)
 
     def random_inputs(self, seed: int = 0) -> tuple[np.ndarray, ...]:
         """Uniform in [-1, 1), drawn in float32 (not drawn in float64 and cast: 1.6x faster), rounded to the

@@ -470,8 +470,8 @@ class LLVMCodegen:
 
 
 def widen(b: ir.IRBuilder, value, dtype: str):
-    """float32 or int32 from a value as held in memory: bfloat16 bits are a float32's upper half, 8-bit integers
-    extend by their sign."""
+    """float32 or int32 from a value as held in memory: bfloat16 bits are a float32's upper half; int8 extends by
+    its sign, uint8 by zeros."""
     if _scalar(value) in (F32, I32):
         return value
     if dtype == "bfloat16":
