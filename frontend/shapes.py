@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, Union
+from typing import Callable, ClassVar, Iterable, Union
 
 import numpy as np
 import torch
@@ -37,9 +37,21 @@ Size = Union[int, torch.SymInt]  # an int where the graph's size is static, a Sy
 Shape = tuple[Size, ...]
 
 
+class _Result:
+    """A form's result dtype: its op's output in its dtype (search_space.workload.output_dtype)."""
+
+    op: ClassVar[str]
+
+    @property
+    def result_dtype(self) -> str:
+        return output_dtype(self.op, self.dtype)
+
+
 @dataclass(frozen=True)
-class Dense:
+class Dense(_Result):
     """x · Wᵀ (+ bias, then an epilogue) by a bound weight W [N, K]: M is every leading size of x."""
+
+    op: ClassVar[str] = "dense"
 
     N: int
     K: int
@@ -55,14 +67,12 @@ class Dense:
     def result_shape(self, x: Shape, *quantization) -> Shape:
         return (*x[:-1], self.N)
 
-    @property
-    def result_dtype(self) -> str:
-        return output_dtype("dense", self.dtype)
-
 
 @dataclass(frozen=True)
-class Product:
+class Product(_Result):
     """a · b of two activations: matmul when 2-D, else batch_matmul over the leading (batch × heads) sizes."""
+
+    op: ClassVar[str] = "matmul"  # batch_matmul's result dtype is matmul's
 
     dtype: str = "float32"
 
@@ -75,15 +85,13 @@ class Product:
     def result_shape(self, a: Shape, b: Shape) -> Shape:
         return (*a[:-1], b[-1])
 
-    @property
-    def result_dtype(self) -> str:
-        return output_dtype("matmul", self.dtype)
-
 
 @dataclass(frozen=True)
-class Conv2d:
+class Conv2d(_Result):
     """A square-strided, square-padded convolution by a bound weight [K, C, R, S] of x [N, C, H, W], then an
     optional residual (an activation of the result's shape) and epilogue."""
+
+    op: ClassVar[str] = "conv2d"
 
     C: int
     K: int
@@ -104,10 +112,6 @@ class Conv2d:
     def result_shape(self, x: Shape, *residual) -> Shape:
         sizes = {"H": x[2], "W": x[3], "R": self.R, "S": self.S, "stride": self.stride, "pad": self.pad}
         return (x[0], self.K, *conv2d_output(sizes))
-
-    @property
-    def result_dtype(self) -> str:
-        return output_dtype("conv2d", self.dtype)
 
 
 Form = Union[Dense, Product, Conv2d]
