@@ -50,7 +50,7 @@ def peak_call(target: Target, family: str = "fma") -> tuple[Callable[[], None], 
     width = target.vector_bits // 32
     (function,), compiled = compile_program(peak_program(target.threads, width, family), target)
     a_dtype, b_dtype, sums, flops_per_lane = FAMILIES[family]
-    x, y = (np.full(4 * width, 1, np.float32).astype(dtype)[:4 // ITEMSIZE[a_dtype] * width] for dtype in (a_dtype, b_dtype))
+    x, y = (np.ones(4 // ITEMSIZE[a_dtype] * width, dtype) for dtype in (a_dtype, b_dtype))  # as peak_program's
     out = np.empty((target.threads, CHAINS, width), sums)
     call = lambda: (compiled, function(x.ctypes.data, y.ctypes.data, out.ctypes.data))  # keeps the machine code alive
     return call, flops_per_lane * width * CHAINS * ITERATIONS * target.threads

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..program import Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, tile_nest, tiled, var
+from ..program import ITEMSIZE, Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, tile_nest, tiled, var
 from ..space import Config, ConfigSpace, Knob
 from ..target import Target
 from ..workload import Workload
@@ -31,9 +31,8 @@ from .gemm_operands import gemm_operands, input_buffers
 
 VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
 DTYPES = ("float32", "bfloat16", "int8")
-# per dtype with a packed layout of its own: the k one 32-bit lane of the packed B holds, the `isa` families (the
-# one any CPU has first, then the one named by its target feature), and the IR op each family's dot is
-GROUPS = {"bfloat16": 2, "int8": 4}
+# per dtype whose packed B holds k in groups (as many as a 32-bit lane holds): the `isa` families (the one any CPU
+# has first, then the one named by its target feature), and the IR op each family's dot is
 FAMILIES = {"bfloat16": ("fma", "avx512bf16"), "int8": ("widen", "avx512vnni")}
 DOTS = {"fma": "dot2", "avx512bf16": "dot2_bf16", "widen": "dot4", "avx512vnni": "dot4_vnni"}
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
@@ -124,11 +123,12 @@ class _Gemm:
         self.parallel = config["parallel"] if target.threads > 1 else "none"
         self.pack = config["pack_b"]
         self.isa = dict(config.values).get("isa")
-        self.group = GROUPS.get(workload.dtype, 1) if self.pack else 1  # k per lane of the packed B
         self.options = workload.p
         self.batched = workload.op == "batch_matmul"
         self.inputs = input_buffers(workload)
         self.a, self.b, self.bias, self.c = gemm_operands(workload)
+        grouped = self.pack and workload.dtype in FAMILIES
+        self.group = 4 // ITEMSIZE[self.b.dtype] if grouped else 1  # k per 32-bit lane of the packed B
         panels = -(-self.n // self.nr)
         depth = (-(-self.k // self.group), self.nr, self.group) if self.group > 1 else (self.k, self.nr)
         self.bp = Buffer("Bp", ((self.batch,) if self.batched else ()) + (panels,) + depth, "packed", self.b.dtype)
