@@ -4,7 +4,9 @@ stored configs, timed in alternating rounds in one run, with the largest differe
 sequence lengths each way is compiled once and called at every length, as a server would, and every length is
 warmed up (compiled) before any is timed. In bfloat16 every way runs the model cast to it, and eager's and
 tensortune's largest differences from the float32 model's output say what the cast costs. In int8 eager is the
-model quantize_dynamic quantized (PyTorch's int8 linears), tensortune the same model on int8 kernels."""
+model quantize_dynamic quantized (PyTorch's int8 linears), tensortune the same model on int8 kernels. With
+`training`, each way runs a training step: the forward with grad enabled, then the backward of every output
+summed (the model's own mode kept: a model in eval mode steps without dropout)."""
 from __future__ import annotations
 
 import dataclasses
@@ -51,13 +53,15 @@ def ways(model, db: str | None, target: str, inductor: bool, max_autotune: bool)
 
 def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None, target: str = "llvm",
                        rounds: int = 5, inductor: bool = True, max_autotune: bool = False,
-                       profile: bool = False, dtype: str = "float32") -> list[dict]:
+                       profile: bool = False, dtype: str = "float32", training: bool = False) -> list[dict]:
     """One row per entry of `inputs_at` (sequence length → example inputs, as frontend.presets.load_model_at gives
     them): each way's latency (ms) and its ratio to eager, tensortune's against the faster Inductor way, the
     seconds each way took to compile (its first calls), and tensortune's largest difference from eager; with
     `profile`, its tuned ops' times in the model (the tensortune way's own kernels) and alone beside PyTorch's
     (bench.profile), and each way's time outside them. In another `dtype` than float32 the model is cast to it (in
-    place) after its float32 outputs are taken, and the row holds eager's and tensortune's differences from them."""
+    place) after its float32 outputs are taken, and the row holds eager's and tensortune's differences from them.
+    With `training`, a training step is timed (`train_step`), Inductor's max-autotune left out (its freezing is
+    for inference)."""
     import torch
 
     from frontend import extract_tasks
@@ -72,24 +76,27 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
         wide = {length: model(*inputs) for length, inputs in inputs_at.items()} if dtype != "float32" else {}
     model, inputs_at = in_dtype(model, inputs_at, dtype)
     # Dynamo does not trace quantize_dynamic's modules: Inductor would run an int8 model as eager does
-    runs = ways(model, db, target, inductor and dtype != "int8", max_autotune)
+    runs = ways(model, db, target, inductor and dtype != "int8", max_autotune and not training)
+    call = (lambda run, inputs: train_step(model, run, inputs)) if training else (lambda run, inputs: run(*inputs))
+    grad_mode = torch.enable_grad if training else torch.inference_mode
     outputs, compile_seconds = {}, {}
     # Dynamo's recompile limit (8) counts every way's graphs together, a static one and a dynamic one each
     # (and extract_tasks's capture, one per length, when profiling)
     graphs = len(runs) * (len(inputs_at) + 1) + (len(inputs_at) if profile else 0)
     recompiles = torch._dynamo.config.patch(recompile_limit=max(8, graphs))
-    with recompiles, torch.inference_mode():
+    with recompiles, grad_mode():
         for way, how in runs.items():
             start = time.perf_counter()
             with how.compiling():
-                outputs[way] = {length: how.run(*inputs) for length, inputs in inputs_at.items()}
+                outputs[way] = {length: call(how.run, inputs) for length, inputs in inputs_at.items()}
             compile_seconds[way] = round(time.perf_counter() - start, 1)
         rows = []
         for length, inputs in inputs_at.items():
-            calls = {way: (lambda run=how.run: run(*inputs)) for way, how in runs.items()}
+            calls = {way: (lambda run=how.run: call(run, inputs)) for way, how in runs.items()}
             seconds = head_to_head(calls, threads, rounds=rounds, min_repeat_ms=200)
             rows.append(timing_row(name, length, threads, target, seconds, compile_seconds,
-                                   max_difference(outputs["tensortune"][length], outputs["eager"][length])))
+                                   max_difference(outputs["tensortune"][length], outputs["eager"][length]))
+                        | ({"training": True} if training else {}))
             if wide:
                 rows[-1] |= {"dtype": dtype, **{f"{way}_float32_error": max_difference(outputs[way][length], wide[length])
                                                 for way in ("eager", "tensortune")}}
@@ -121,10 +128,19 @@ def measure_model(name: str, model, inputs: tuple, db: str | None = None, target
     return measure_at_lengths(name, model, {None: inputs}, db, target, rounds, inductor)[0]
 
 
+def train_step(model, run: Callable, inputs: tuple):
+    """One training step's forward and backward, every floating output summed as the loss, the gradients set
+    anew; the forward's output."""
+    model.zero_grad(set_to_none=True)
+    output = run(*inputs)
+    sum(tensor.sum() for tensor in tensors(output) if tensor.requires_grad).backward()
+    return output
+
+
 def max_difference(output, expected) -> float:
     """The largest absolute difference over every tensor of two outputs of one structure: a model may return a
     tensor, or tuples, lists, dicts, dataclasses or ModelOutputs (both) of them, nested."""
-    differences = [float((got.double() - want.double()).abs().max())
+    differences = [float((got.detach().double() - want.detach().double()).abs().max())
                    for got, want in zip(tensors(output), tensors(expected), strict=True) if want.numel()]
     return max(differences, default=0.0)
 
@@ -147,7 +163,7 @@ def tensors(output) -> list:
 
 
 def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool, inductor: bool = True,
-        max_autotune: bool = False, profile: bool = False, dtype: str = "float32") -> list[dict]:
+        max_autotune: bool = False, profile: bool = False, dtype: str = "float32", training: bool = False) -> list[dict]:
     """Time each of `models` (name → (model, inputs by sequence length), as frontend.presets.load_model_at gives
     them): one row per model and length; with `profile`, each row also holds its tuned ops' times beside
     PyTorch's (bench.profile) and each way's time outside them."""
@@ -156,7 +172,7 @@ def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool,
     rows = []
     for name, (model, inputs_at) in models.items():
         for row in measure_at_lengths(name, model, inputs_at, db, target, inductor=inductor, max_autotune=max_autotune,
-                                      profile=profile, dtype=dtype):
+                                      profile=profile, dtype=dtype, training=training):
             rows.append(row)
             if json_lines:
                 print(json.dumps(row), flush=True)
@@ -174,7 +190,7 @@ def print_table(rows: list[dict]) -> None:
                    "speedup", "vs Inductor", "max error"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r["model"], str(r["seq_len"] or "-"), str(r["threads"]), f"{r['eager_ms']:.2f}",
+        table.add_row(r["model"] + (" (training step)" if r.get("training") else ""), str(r["seq_len"] or "-"), str(r["threads"]), f"{r['eager_ms']:.2f}",
                       *(f"{r[key]:.2f}" if key in r else "-" for key in ("inductor_ms", "inductor_max_autotune_ms")),
                       f"{r['tensortune_ms']:.2f}", f"{r['tensortune_speedup']:.2f}x",
                       f"{r['tensortune_vs_inductor']:.2f}x" if "tensortune_vs_inductor" in r else "-",

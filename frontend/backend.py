@@ -10,11 +10,13 @@ logger, which prints the bare line where logging is not configured. Sizes Dynamo
 seeing them change) are dispatched on at run time; the kernels of static sizes are built with the graph.
 Weights are bound (packed) once per size, so the compiled model assumes them fixed, as inference does.
 Tensors reach the kernels by address, with no copy and no check (the sizes were checked when the size was
-first met), and results are written straight into new torch tensors. The kernels have no backward: an op
-whose result needs a gradient (grad mode on and an input, weight included, requiring grad) stays in
-PyTorch, said in one line, so training gets eager's gradients. The rest of the graph is compiled by
-Inductor, the tuned ops opaque custom operators in it (frontend/inductor.py), unless option graph="eager"
-runs it op by op.
+first met), and results are written straight into new torch tensors. Under grad mode, a linear layer whose
+weight is trained takes its weight and bias at each call, and the gradients of a tuned op are tuned products
+too (dY·W and dYᵀ·x for a linear layer), through the custom operator's autograd formula (frontend/autograd.py);
+an op needing gradients that tuned kernels cannot compute (its weights bound: conv2d, int8, a weight stored
+[K, N]; or its inputs cast by autocast) stays in PyTorch, said in one line, so training always gets eager's
+gradients. The rest of the graph is compiled by Inductor, the tuned ops opaque custom operators in it
+(frontend/inductor.py), unless option graph="eager" runs it op by op.
 """
 from __future__ import annotations
 
@@ -27,25 +29,27 @@ from torch.autograd import profiler
 
 from search_space import Target
 
-from . import inductor
 from workers.torch_arrays import FLOATING, torch_dtype
 
+from . import inductor
+from .autograd import gradients
 from .capture import Captured
 from .patterns import Match, find_matches
-from .shapes import Kernels, ShapeDispatch
+from .shapes import Kernels, Product, ShapeDispatch
 
 log = logging.getLogger("tensortune.frontend")
 
 
 class TunedOp(torch.nn.Module):
-    """The kernels standing in for a chain of the graph's nodes, one per size it is called at."""
+    """The kernels standing in for a chain of the graph's nodes, one per size it is called at, and the product
+    kernels of its gradients where autograd wants those."""
 
     def __init__(self, match: Match, kernels: Kernels):
         super().__init__()
         self.form, self.label, self.dtype = match.form, match.label, torch_dtype(match.form.result_dtype)
-        # floating-point activations are cast to the kernel's dtype (autocast's float32 to bfloat16); int8's kept
-        self.cast = match.form.dtype in FLOATING
         self.sizes = ShapeDispatch(match.form, match.weights, kernels)
+        self.grads = match.grads  # which activations' gradients `backward` computes
+        self.products = ShapeDispatch(Product(match.form.dtype), {}, kernels) if any(self.grads) else None
         if match.workload is not None:  # static sizes: bind the kernel now, not at the first call
             self.sizes.run(match.shapes)
 
@@ -54,19 +58,30 @@ class TunedOp(torch.nn.Module):
         return tuple(self.form.result_shape(*(activation.shape for activation in activations)))
 
     def forward(self, *activations: torch.Tensor) -> torch.Tensor:
-        """Dtypes and ranks were checked when the graph was matched, and Dynamo guards them; activations in another
-        dtype than the kernel's (float32 under autocast) are cast, as autocast casts them. Under torch.profiler
-        the kernel's time is an event named by its workload (bench model --profile reads them)."""
-        run = self.sizes.run(tuple(activation.shape for activation in activations))
-        tensors = [(a.detach().to(self.dtype) if self.cast else a.detach()).reshape(shape).contiguous()
-                   for a, shape in zip(activations, run.inputs)]
-        out = torch.empty(run.output, dtype=self.dtype)
-        with torch.profiler.record_function(run.name) if profiler._is_profiler_enabled else nullcontext():
-            run.call(*(t.data_ptr() for t in tensors), out.data_ptr())
-        return out.view(run.result)
+        return run_kernel(self.sizes, activations)
+
+    def backward(self, grad: torch.Tensor, *activations: torch.Tensor) -> list[torch.Tensor]:
+        """The gradients of the activations `grads` names, in order, each product a tuned kernel."""
+        grads = gradients(self.form, grad, self.grads, lambda a, b: run_kernel(self.products, (a, b)), *activations)
+        return [gradient for gradient in grads if gradient is not None]
 
     def extra_repr(self) -> str:
         return self.label
+
+
+def run_kernel(sizes: ShapeDispatch, activations) -> torch.Tensor:
+    """The kernel of the activations' sizes run on them. Dtypes and ranks were checked when the graph was matched,
+    and Dynamo guards them; floating-point activations in another dtype than the kernel's (float32 under
+    autocast) are cast, as autocast casts them, int8's kept. Under torch.profiler the kernel's time is an event
+    named by its workload (bench model --profile reads them)."""
+    run, dtype = sizes.run(tuple(activation.shape for activation in activations)), torch_dtype(sizes.form.dtype)
+    cast = sizes.form.dtype in FLOATING
+    tensors = [(a.detach().to(dtype) if cast else a.detach()).reshape(shape).contiguous()
+               for a, shape in zip(activations, run.inputs)]
+    out = torch.empty(run.output, dtype=torch_dtype(sizes.form.result_dtype))
+    with torch.profiler.record_function(run.name) if profiler._is_profiler_enabled else nullcontext():
+        run.call(*(t.data_ptr() for t in tensors), out.data_ptr())
+    return out.view(run.result)
 
 
 def substitute(captured: Captured, matches: list[Match], kernels: Kernels) -> fx.GraphModule:
@@ -94,12 +109,6 @@ def substitute(captured: Captured, matches: list[Match], kernels: Kernels) -> fx
     return module
 
 
-def needs_grad(match: Match) -> bool:
-    """Whether autograd must differentiate the match's result, as Dynamo traced it: grad mode was on and an
-    input or weight required grad. Dynamo guards both, so a call that differs compiles the graph anew."""
-    return getattr(match.nodes[-1].meta.get("example_value"), "requires_grad", False)
-
-
 GRAPH_MODES = ("inductor", "eager")
 
 
@@ -112,19 +121,21 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
     if graph_mode not in GRAPH_MODES:
         raise ValueError(f"tensortune backend: option graph is {graph_mode!r}; it takes {' or '.join(GRAPH_MODES)}")
     captured = Captured(graph, list(example_inputs))
-    matches = find_matches(captured)
-    grads = [needs_grad(match) for match in matches]
-    differentiated = [match for match, grad in zip(matches, grads) if grad]
-    matches = [match for match, grad in zip(matches, grads) if not grad]
-    if differentiated:
-        log.warning(f"tensortune: {len(differentiated)} of {len(grads)} ops run in PyTorch, as grad mode is on and "
-                    f"their inputs require grad (tensortune kernels are inference-only: call the model under "
-                    f"torch.inference_mode() or torch.no_grad()): "
-                    f"{'; '.join(dict.fromkeys(match.label for match in differentiated))}")
+    matches, untrained = [], []
+    for match in find_matches(captured):
+        (untrained if match.untrained else matches).append(match)
+    if untrained:
+        log.warning(f"tensortune: {len(untrained)} of {len(matches) + len(untrained)} ops run in PyTorch, as grad mode "
+                    f"is on and tuned kernels do not compute their gradients (their weights are bound, or autocast "
+                    f"casts their inputs): {'; '.join(dict.fromkeys(match.label for match in untrained))}")
     kernels = Kernels(db, Target.parse(target))
-    kernels.prepare(match.workload for match in matches if match.workload is not None)
+    kernels.prepare(workload for match in matches if match.workload is not None for workload in match.workloads)
     module = substitute(captured, matches, kernels)
-    return inductor.compile_around(module, example_inputs) if graph_mode == "inductor" else module.forward
+    if graph_mode == "inductor":
+        return inductor.compile_around(module, example_inputs)
+    # autograd reaches tuned gradients only through the custom operator; the module holds the ops it calls by id
+    module.differentiated = inductor.to_operator_calls(module, lambda op: any(op.grads))
+    return module.forward
 
 
 def tensortune(graph: fx.GraphModule, example_inputs: list, options: dict | None = None):

@@ -1,6 +1,6 @@
-"""The graphs torch.compile hands a backend: Dynamo's FX graphs of a model in inference mode, with the
-real tensors they were traced on. Task extraction and the backend both read these, so the workloads
-one finds are exactly the kernels the other runs."""
+"""The graphs torch.compile hands a backend: Dynamo's FX graphs of a model in inference mode (or with grad
+enabled, as a training step runs it), with the real tensors they were traced on. Task extraction and the backend
+both read these, so the workloads one finds are exactly the kernels the other runs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,15 +21,16 @@ class Captured:
         self.placeholder_values = dict(zip(placeholders, self.inputs))
 
 
-def capture(model: torch.nn.Module, example_inputs: tuple) -> list[Captured]:
-    """Run the model once under torch.compile with a backend that only records what it is given."""
+def capture(model: torch.nn.Module, example_inputs: tuple, grad: bool = False) -> list[Captured]:
+    """Run the model once under torch.compile with a backend that only records what it is given, in inference
+    mode, or with grad enabled when `grad`."""
     graphs: list[Captured] = []
 
     def record(graph: fx.GraphModule, inputs: list):
         graphs.append(Captured(graph, list(inputs)))
         return graph.forward
 
-    with torch.inference_mode():
+    with torch.enable_grad() if grad else torch.inference_mode():
         torch.compile(model, backend=record, dynamic=False)(*example_inputs)
     return graphs
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import fx
 from torch._inductor.compile_fx import compile_fx
+
+from .autograd import differentiate
 
 OPERATOR = "tensortune::tuned"
 
@@ -55,8 +57,8 @@ REGISTRY = globals().get("REGISTRY") or Registry()  # the one the operator reads
 
 
 def define_operator():
-    """Define the custom operator, once per process: a module run again (importlib.reload) keeps the first
-    definition, whose functions read this module's REGISTRY."""
+    """Define the custom operators, once per process: a module run again (importlib.reload) keeps the first
+    definitions, whose functions read this module's REGISTRY. Its autograd formula is frontend/autograd.py's."""
     if hasattr(torch.ops.tensortune, "tuned"):
         return
 
@@ -69,15 +71,18 @@ def define_operator():
         op = REGISTRY[op_id]
         return activations[0].new_empty(op.result_shape(*activations), dtype=op.dtype)
 
+    differentiate(tuned, REGISTRY)
+
 
 define_operator()
 
 
-def to_operator_calls(module: fx.GraphModule) -> list[Opaque]:
-    """Replace each `call_module` of a tuned op by a call of the custom operator; the ops, in graph order."""
+def to_operator_calls(module: fx.GraphModule, which: Callable[[Opaque], bool] = lambda op: True) -> list[Opaque]:
+    """Replace each `call_module` of a tuned op (of those `which` picks) by a call of the custom operator; the
+    ops, in graph order."""
     graph, ops = module.graph, []
     for node in list(graph.nodes):
-        if node.op != "call_module" or not isinstance(op := module.get_submodule(node.target), Opaque):
+        if node.op != "call_module" or not isinstance(op := module.get_submodule(node.target), Opaque) or not which(op):
             continue
         with graph.inserting_before(node):
             call = graph.call_function(torch.ops.tensortune.tuned.default, (REGISTRY.add(op), list(node.args)))

@@ -35,6 +35,7 @@ from workers.torch_arrays import dtype_name, numpy_array
 
 from .capture import Captured, example_value
 from .quantized import quantized_linear
+from .autograd import gradient_workloads
 from .shapes import Conv2d, Dense, Form, Product, Shape, Size
 
 
@@ -91,6 +92,7 @@ class Match:
     shapes: tuple[Shape, ...]  # theirs, as traced
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     view: fx.Node | None = None  # one of `nodes`, a reshape between the kernel and its fused epilogue
+    grads: tuple[bool, ...] = ()  # the activations whose gradients tuned products compute (find_matches sets it)
     workload: Workload | None = field(init=False)
 
     def __post_init__(self):
@@ -100,6 +102,22 @@ class Match:
     @property
     def path(self) -> str:
         return module_path(self.nodes[0])
+
+    @property
+    def needs_grad(self) -> bool:
+        """Whether autograd differentiates the result: grad mode was on and an input or weight required grad.
+        Dynamo guards both, so a call that differs compiles the graph anew."""
+        return requires_grad(self.nodes[-1])
+
+    @property
+    def untrained(self) -> bool:
+        """Whether autograd needs its gradients and tuned kernels do not compute them: PyTorch must run it."""
+        return self.needs_grad and not any(self.grads)
+
+    @property
+    def workloads(self) -> list[Workload]:
+        """What its kernels run at its (static) sizes: its workload, then the products of its gradients."""
+        return [self.workload] + (gradient_workloads(self.form, self.shapes, self.grads) if any(self.grads) else [])
 
     @property
     def label(self) -> str:
@@ -135,6 +153,19 @@ def shape_of(node: fx.Node, captured: Captured, value: torch.Tensor | None = Non
     it is a float32 or bfloat16 tensor (or is `value`); None for anything else."""
     value = traced(node, captured) if value is None else value
     return None if value is None else tuple(int(size) if is_concrete_int(size) else size for size in value.shape)
+
+
+def requires_grad(node) -> bool:
+    """Whether a node's value, as traced, requires grad."""
+    return isinstance(node, fx.Node) and bool(getattr(node.meta.get("example_value"), "requires_grad", False))
+
+
+def differentiable(match: Match, captured: Captured) -> bool:
+    """Whether tuned kernels compute the match's gradients: it binds no weights (a bound copy would go stale at
+    an optimizer's first step: trained weights are activations, passed at each call) and casts none of its
+    activations (under autocast their gradients would come back in the kernel's dtype, not theirs)."""
+    return not match.weights and all(dtype_name(traced(node, captured)) == match.form.dtype
+                                     for node in match.activations)
 
 
 def result_dtype(node: fx.Node, captured: Captured, activations: list[fx.Node]) -> str | None:
@@ -275,9 +306,28 @@ def dense_match(node: fx.Node, scan: Scan, x, weight: np.ndarray, bias: np.ndarr
     return typed(Match(form, [node] + activation, [x], (shape,), weights, view), scan.captured)
 
 
+def trained_linear(node: fx.Node, scan: Scan, x, weight_node: fx.Node, bias_node) -> Match | None:
+    """A linear layer autograd differentiates: dense with its weight and bias passed at each call, as activations
+    (an optimizer changes them between calls), and no epilogue fused (autograd differentiates the activation
+    function where PyTorch, or Inductor, computes it)."""
+    captured = scan.captured
+    activations = [x, weight_node] + ([bias_node] if bias_node is not None else [])
+    shapes = [shape_of(activation, captured) for activation in activations]
+    dtype = result_dtype(node, captured, activations)
+    if None in shapes or dtype is None or len(shapes[0]) < 2 or len(shapes[1]) != 2:
+        return None
+    (n, k), static = shapes[1], all(isinstance(size, int) for size in shapes[1])
+    if not static or not weight_fixed(shapes[0][-1], k, "K"):
+        return None
+    form = Dense(n, k, bias_node is not None, "none", dtype)
+    return typed(Match(form, [node], activations, tuple(shapes)), captured)
+
+
 def match_linear(node: fx.Node, scan: Scan) -> Match | None:
     captured = scan.captured
     x, weight_node, bias_node = argument(node, 0, "input"), argument(node, 1, "weight"), argument(node, 2, "bias")
+    if requires_grad(node):
+        return trained_linear(node, scan, x, weight_node, bias_node)
     weight = constant(weight_node, captured)
     bias = constant(bias_node, captured) if bias_node is not None else None
     if weight is None or weight.ndim != 2 or (bias_node is not None and bias is None):
@@ -416,6 +466,8 @@ def find_matches(captured: Captured) -> list[Match]:
                     refused.setdefault(str(error), []).append(op_label(node))
                     match = None
                 if match is not None:
+                    if match.needs_grad and differentiable(match, captured):
+                        match.grads = tuple(requires_grad(node) for node in match.activations)
                     found.append(match)
                     scan.taken.update(match.nodes)
                 break

@@ -231,7 +231,7 @@ class ShapeDispatch:
                 kernel = self.kernels.get(workload)
                 self.bound[workload] = kernel.bind(**self.weights) if self.weights else kernel
             bound = self.bound[workload]
-            weights = set(workload.weight_names())
+            weights = set(workload.weight_names()) if self.weights else set()  # a trained layer's are activations
             inputs = tuple(shape for name, shape in workload.operand_shapes() if name not in weights)
             result = tuple(self.form.result_shape(*shapes))
             run = Run(bound.address_call(), inputs, workload.output_shape, result, bound, f"tensortune {workload.key}")

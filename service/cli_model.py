@@ -21,6 +21,8 @@ DTYPE_OPTION = typer.Option("float32", "--dtype", help="float32; bfloat16: the m
                                                        "cast to it, as model.to(torch.bfloat16) does; int8: its "
                                                        "Linears quantized by torch.ao's quantize_dynamic")
 MODEL_DTYPES = FLOATING + ("int8",)
+TRAINING_OPTION = typer.Option(False, "--training", help="a training step (forward with grad enabled, then backward) "
+                                                         "instead of inference: float32")
 
 
 def require_torch() -> None:
@@ -43,9 +45,11 @@ def parse_seq_lens(text: str | None) -> list[int]:
     return sorted({int(word) for word in words})
 
 
-def check_dtype(dtype: str) -> None:
+def check_dtype(dtype: str, training: bool = False) -> None:
     if dtype not in MODEL_DTYPES:
         fail(f"--dtype {dtype}: unknown dtype for a model; known: {', '.join(MODEL_DTYPES)}", 2)
+    if training and dtype != "float32":
+        fail(f"--training runs in float32; --dtype {dtype} is for inference", 2)
 
 
 def load(spec: str, seq_lens: list[int]):
@@ -76,16 +80,18 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
                trials: int = typer.Option(300, "--trials", min=1, max=100_000, help="measured in all, over every task"),
                seq_lens: Optional[str] = SEQ_LENS_OPTION,
                dtype: str = DTYPE_OPTION,
+               training: bool = TRAINING_OPTION,
                target: str = TARGET_OPTION,
                tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
                db: Optional[str] = DB_OPTION,
                workers: str = typer.Option("local", "--workers", help=WORKERS_HELP),
                again: bool = typer.Option(False, "--again", help="tune anew though the same job already ran to its end")):
-    """Tune every task of a model (at every sequence length of --seq-lens) under one budget (rerun to resume; a
-    finished job is shown, not run again), then time it: eager PyTorch beside tensortune, in the same run."""
+    """Tune every task of a model (at every sequence length of --seq-lens; with --training, those of a training
+    step, its gradients' products too) under one budget (rerun to resume; a finished job is shown, not run again),
+    then time it: eager PyTorch beside tensortune, in the same run."""
     require_torch()
     check_workers(workers)
-    check_dtype(dtype)
+    check_dtype(dtype, training)
     lengths = parse_seq_lens(seq_lens)
     from bench.model import measure_at_lengths
     from frontend import NothingToTune
@@ -100,12 +106,12 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
     target_, database = parse_target(target), open_database(db)  # a bad --db fails before seconds of tracing
     net, inputs_at = in_dtype(*load(model, lengths), dtype)
     try:
-        tasks = extract_tasks_at(net, inputs_at.values())
+        tasks = extract_tasks_at(net, inputs_at.values(), training)
     except NothingToTune as error:
         fail(str(error))
     # other lengths, another dtype: another job
     name = model + (f" --seq-lens {','.join(map(str, lengths))}" if lengths else "") + \
-        (f" --dtype {dtype}" if dtype != "float32" else "")
+        (f" --dtype {dtype}" if dtype != "float32" else "") + (" --training" if training else "")
     done = None if again else database.done_model_job(name, [task.workload for task in tasks], target_, tuner, trials)
     if done:
         console.print(f"model job {done.id} already tuned this ({tuner}, {trials} trials, done "
@@ -126,8 +132,9 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
             measurer.close()
         print(f"model job {result.job_id}: {result.trials} trials over {len(tasks)} tasks of {name} on {target_}")
         print(f"time: {time_split(result.seconds)}")
-    for row in measure_at_lengths(model, net, inputs_at, database.url, str(target_), inductor=False):
+    for row in measure_at_lengths(model, net, inputs_at, database.url, str(target_), inductor=False, training=training):
         at = f"seq_len {row['seq_len']}: " if row["seq_len"] else ""
+        at += "training step: " if training else ""
         print(f"{at}eager PyTorch {row['eager_ms']:.2f} ms, tensortune {row['tensortune_ms']:.2f} ms "
               f"({row['tensortune_speedup']:.2f}x), measured together in this run; "
               f"max difference {row['max_error']:.1e}")
@@ -136,6 +143,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
 def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
                 seq_lens: Optional[str] = SEQ_LENS_OPTION,
                 dtype: str = DTYPE_OPTION,
+                training: bool = TRAINING_OPTION,
                 db: Optional[str] = DB_OPTION,
                 target: str = TARGET_OPTION,
                 json_lines: bool = typer.Option(False, "--json", help="one JSON object per model and length"),
@@ -148,15 +156,18 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
     """Eager PyTorch, Inductor (default, and max-autotune with freezing) and tensortune on whole models, alternating
     in one run, with the max error; at each of --seq-lens, each way compiled once and called at every length. With
     --dtype bfloat16, every way runs the model cast to bfloat16, and the errors of eager's and tensortune's results
-    from the float32 model's are shown too."""
+    from the float32 model's are shown too. With --training, each way times a training step (max-autotune left out:
+    its freezing is for inference)."""
     require_torch()
-    check_dtype(dtype)
+    check_dtype(dtype, training)
+    if training and profile:
+        fail("--profile times inference; leave it out with --training", 2)
     lengths = parse_seq_lens(seq_lens)
     from bench.model import run
 
     open_database(db).close()  # a bad --db, like a bad spec, is refused before anything is timed
     loaded = {spec: load(spec, lengths) for spec in models}
-    run(loaded, db, target, json_lines, inductor, max_autotune, profile, dtype)
+    run(loaded, db, target, json_lines, inductor, max_autotune, profile, dtype, training)
 
 
 def bench_scheduler(model: str = typer.Argument("bert-layer", help=MODEL_HELP),
