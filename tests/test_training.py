@@ -52,16 +52,16 @@ def test_optimizer_steps_through_tuned_kernels_match_eager(graph, tmp_path):
     """Three SGD steps: a weight bound once would be stale from the second step on."""
     torch.manual_seed(0)
     model, x = Block(), torch.randn(2, 6, 16)
-    reference = copy.deepcopy(model)
+    reference, initial = copy.deepcopy(model), copy.deepcopy(model)
     forward = compiled(model, f"sqlite:///{tmp_path}/empty.db", graph)
-    for trained, run in ((model, forward), (reference, reference)):
+    for trained, step in ((model, forward), (reference, reference)):
         optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
         for _ in range(3):
             optimizer.zero_grad()
-            run(x).pow(2).mean().backward()
+            step(x).pow(2).mean().backward()
             optimizer.step()
-    for (name, got), expected in zip(model.named_parameters(), reference.parameters()):
-        assert not torch.equal(got, Block().get_parameter(name)), name
+    for (name, got), expected, first in zip(model.named_parameters(), reference.parameters(), initial.parameters()):
+        assert not torch.allclose(got, first, rtol=1e-3, atol=1e-4), name  # the steps moved it
         assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5), name
 
 
