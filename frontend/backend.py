@@ -13,8 +13,8 @@ Tensors reach the kernels by address, with no copy and no check (the sizes were 
 first met), and results are written straight into new torch tensors. Under grad mode, a linear layer whose
 weight is trained takes its weight and bias at each call, and the gradients of a tuned op are tuned products
 too (dY·W and dYᵀ·x for a linear layer), through the custom operator's autograd formula (frontend/autograd.py);
-an op needing gradients that tuned kernels cannot compute (its weights bound: conv2d, int8, a weight stored
-[K, N]; or its inputs cast by autocast) stays in PyTorch, said in one line, so training always gets eager's
+an op needing gradients that tuned kernels cannot compute (its weights bound: conv2d, int8, a 3-D activation by a
+[K, N] weight; or its inputs cast by autocast) stays in PyTorch, said in one line, so training always gets eager's
 gradients. The rest of the graph is compiled by Inductor, the tuned ops opaque custom operators in it
 (frontend/inductor.py), unless option graph="eager" runs it op by op.
 """

@@ -5,13 +5,14 @@ Conv1D), its weight bound transposed; matmul / mm by a model-owned 2-D [K, N] we
 relu or gelu (F.gelu, or GPT-2's tanh form written out) that nothing else reads, seen through one view. A
 2-D matmul of two activations → matmul; 3-D and 4-D matmul / bmm with equal batch dimensions →
 batch_matmul (batch × heads flattened); conv2d with an eval-mode BatchNorm folded in, then a residual add
-and a relu → conv2d; frontend.quantized's int8 linear → dense int8. A match computes in the dtype its product's result was traced in, float32 or bfloat16: a model
-cast to bfloat16, or float32 operands under torch.autocast("cpu", dtype=torch.bfloat16), whose weights are bound
-cast and whose activations are cast at each call, as autocast casts them. Everything else stays in PyTorch, said
-in one line per reason. A match names the graph
-nodes it replaces, the activations its kernel takes at run time, the weights it binds once (BatchNorm already
-folded into them), and its form: the op's static parameters, and how the activations' shapes give the workload
-and the result's shape (frontend/shapes.py). Sizes may be symbolic (Dynamo traces them so once it has seen them
+and a relu → conv2d; frontend.quantized's int8 linear → dense int8. Under grad mode a linear layer's weight
+and bias are activations (trained_linear), and a 2-D product by a weight is a product of two activations. A
+match computes in the dtype its product's result was traced in, float32 or bfloat16: a model cast to bfloat16,
+or float32 operands under torch.autocast("cpu", dtype=torch.bfloat16), whose weights are bound cast and whose
+activations are cast at each call, as autocast casts them. Everything else stays in PyTorch, said in one line per
+reason. A match names the graph nodes it replaces, the activations its kernel takes at run time, the weights it
+binds once (BatchNorm already folded into them), and its form: the op's static parameters, and how the
+activations' shapes give the workload and the result's shape (frontend/shapes.py). Sizes may be symbolic (Dynamo traces them so once it has seen them
 change): then the workload is known only at run time, and only a size the weights fix (a linear's K, a
 convolution's C) must not vary.
 """
@@ -352,10 +353,10 @@ def match_addmm(node: fx.Node, scan: Scan) -> Match | None:
 def match_matmul(node: fx.Node, scan: Scan) -> Match | None:
     captured = scan.captured
     a, b = argument(node, 0, "input"), argument(node, 1, "other", "mat2")
-    weight = constant(b, captured)
-    if weight is not None and weight.ndim == 2:  # x · W by a model-owned [K, N] weight: a linear layer
+    weight, left, right = constant(b, captured), shape_of(a, captured), shape_of(b, captured)
+    trained = requires_grad(node) and left is not None and len(left) == 2  # then a product of two activations
+    if weight is not None and weight.ndim == 2 and not trained:  # x · W by a model-owned [K, N] weight: a linear layer
         return dense_match(node, scan, a, np.ascontiguousarray(weight.T), None)
-    left, right = shape_of(a, captured), shape_of(b, captured)
     dtype = result_dtype(node, captured, [a, b])
     if left is None or right is None or dtype is None or len(left) != len(right) or len(left) not in (2, 3, 4):
         return None

@@ -2,7 +2,8 @@
 
 scaled_dot_product_attention becomes its two batch matmuls with the scale, mask and softmax between them;
 linear layers reading one activation become one dense with their weights concatenated (Q, K and V); baddbmm
-becomes a bmm with its scaling and add beside it. Each rewritten graph computes what the original does when
+becomes a bmm with its scaling and add beside it, and so does an addmm autograd differentiates (an mm: its
+trained weight is an operand, passed at each call). Each rewritten graph computes what the original does when
 PyTorch runs it, so a node no matcher takes stays correct. New nodes get their `example_value` by running
 their op on the inputs' fake values in the graph's fake mode (sizes may be symbolic: nothing here asks the
 shape environment, which would add guards Dynamo no longer checks). Rewriting twice changes nothing more.
@@ -21,7 +22,8 @@ from torch._subclasses import FakeTensor
 from workers.torch_arrays import dtype_name, torch_tensor
 
 from .capture import Captured
-from .patterns import LINEAR, Scan, argument, calls, constant, fused_activation, same_shape
+from .patterns import (ADDMM, LINEAR, Scan, argument, calls, constant, fused_activation, requires_grad,
+                       same_shape)
 
 ATTENTION = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
 BADDBMM = {torch.baddbmm}
@@ -105,10 +107,11 @@ def expand_attention(node: fx.Node, edit: Editor):
     edit.replace(node, result)
 
 
-def split_baddbmm(node: fx.Node, edit: Editor):
-    """beta·input + alpha·(batch1 @ batch2) as a bmm the batch_matmul matcher takes, the rest beside it. With
-    beta 0 the input is not read, as baddbmm ignores its NaN and inf."""
-    base, first, second = argument(node, 0, "input"), argument(node, 1, "batch1"), argument(node, 2, "batch2")
+def split_scaled_product(node: fx.Node, edit: Editor, product):
+    """beta·input + alpha·(first @ second), baddbmm's or addmm's, as the `product` (bmm or mm) the matmul
+    matcher takes, the rest beside it. With beta 0 the input is not read, as they ignore its NaN and inf."""
+    base, first, second = (argument(node, 0, "input"), argument(node, 1, "batch1", "mat1"),
+                           argument(node, 2, "batch2", "mat2"))
     beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
     first_value, result = value_of(first), value_of(node)
     if len(node.args) != 3 or set(node.kwargs) - {"beta", "alpha"} or first_value is None or result is None:
@@ -116,9 +119,9 @@ def split_baddbmm(node: fx.Node, edit: Editor):
     if dtype_name(first_value) is None or not all(isinstance(factor, (int, float)) for factor in (beta, alpha)):
         return
     if result.dtype != first_value.dtype:
-        return  # under autocast: the bmm written here would be traced in the operands' dtype
+        return  # under autocast: the product written here would be traced in the operands' dtype
     with edit.graph.inserting_before(node):
-        result = edit.call(torch.bmm, (first, second), node)
+        result = edit.call(product, (first, second), node)
         result = edit.call(operator.mul, (result, alpha), node) if alpha != 1 else result
         if beta != 0:
             base = edit.call(operator.mul, (base, beta), node) if beta != 1 else base
@@ -209,7 +212,9 @@ def rewrite(captured: Captured) -> None:
         if calls(node, ATTENTION):
             expand_attention(node, edit)
         elif calls(node, BADDBMM, ("baddbmm",)):
-            split_baddbmm(node, edit)
+            split_scaled_product(node, edit, torch.bmm)
+        elif calls(node, ADDMM, ("addmm",)) and requires_grad(node):  # trained (GPT-2's Conv1D): its weight an operand
+            split_scaled_product(node, edit, torch.mm)
     while any(fuse_linears(node, edit) for node in list(graph.nodes)):
         pass  # a fused layer's parts may feed fusable layers of their own
     graph.lint()

@@ -124,3 +124,23 @@ def test_training_is_refused_where_it_cannot_run(tmp_path, monkeypatch):
     profiled = refused("bench", "model", "models.py:tiny", "--training", "--profile", cwd=tmp_path,
                        monkeypatch=monkeypatch)
     assert profiled.exit_code == 2 and "--profile times inference" in profiled.stderr
+
+
+def test_every_linear_form_trains_through_tuned_kernels_but_a_wider_product_by_a_weight_said_in_one_line(tmp_path,
+                                                                                                          caplog):
+    """addmm (scaled or not) becomes an mm of two activations; a 3-D activation by a [K, N] weight runs in PyTorch,
+    named in the one line, and every parameter gets eager's gradient."""
+    from tests.test_hf_models import LinearForms
+
+    torch.manual_seed(0)
+    model, x = LinearForms(), torch.randn(2, 5, 24)
+    model(x).pow(2).sum().backward()
+    expected = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+    model.zero_grad()
+    with caplog.at_level(logging.WARNING, logger="tensortune.frontend"):
+        compiled(model, f"sqlite:///{tmp_path}/empty.db")(x).pow(2).sum().backward()
+    [said] = [line for line in frontend_lines(caplog) if "run in PyTorch" in line]
+    assert said.startswith("tensortune: 1 of 4 ops run in PyTorch")
+    assert said.endswith("dense M=10 N=16 K=40 epilogue=relu")
+    for name, parameter in model.named_parameters():
+        assert torch.allclose(parameter.grad, expected[name], rtol=1e-4, atol=1e-3), name
