@@ -20,3 +20,14 @@ def fresh_dynamo():
     yield
     if "torch._dynamo" in sys.modules:
         sys.modules["torch._dynamo"].reset()
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_kept():
+    """A command run in this process (tests/test_cli_model.py's `run`) sets PyTorch's thread count to its target's:
+    the tests after it get back the count they would have had."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    if threads is not None:
+        torch.set_num_threads(threads)

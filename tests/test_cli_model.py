@@ -1,5 +1,6 @@
 """`tensortune tune-model` and `tensortune bench model` on a model file a user writes, whatever its forward returns
 (a tensor, tuples, lists, dicts, a Hugging Face ModelOutput), and their refusals."""
+import contextlib
 import dataclasses
 import json
 import re
@@ -13,7 +14,6 @@ from bench.profile import print_profile
 from db import Database
 from service.cli import app
 
-CLI = [sys.executable, "-m", "service"]
 MODEL_FILE = '''
 import torch
 
@@ -80,9 +80,15 @@ def bert():
 '''
 
 
-def run(*args, cwd):
-    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=cwd, timeout=600,
-                          env={**__import__("os").environ, "COLUMNS": "160"})
+def run(*args, cwd) -> subprocess.CompletedProcess:
+    """The CLI run in this process, in `cwd`, as `python -m service ARGS` runs it (a process of its own would spend
+    seconds importing PyTorch): its exit code and what it printed to stdout and to stderr. An exception other than
+    the command's exit is raised, as the process would have printed its traceback."""
+    with contextlib.chdir(cwd):
+        result = CliRunner(env={"COLUMNS": "160"}).invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 def refused(*args, cwd, monkeypatch):
