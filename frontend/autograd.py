@@ -22,12 +22,14 @@ Multiply = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # a · b, as a 
 
 
 def dense_gradients(form: Dense, grad: torch.Tensor, product: Multiply, x, w, bias=None) -> tuple:
+    """x's, W's and the bias's, each computed when called: dY·W, dYᵀ·x, dY summed over the rows."""
     rows = grad.reshape(-1, form.N)
     return (lambda: product(rows, w).reshape(x.shape), lambda: product(rows.t(), x.reshape(-1, form.K)),
             lambda: rows.sum(0))
 
 
 def product_gradients(form: Product, grad: torch.Tensor, product: Multiply, a, b) -> tuple:
+    """a's and b's, each computed when called: dC·bᵀ and aᵀ·dC, batch by batch."""
     return lambda: product(grad, b.transpose(-2, -1)), lambda: product(a.transpose(-2, -1), grad)
 
 

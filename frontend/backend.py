@@ -29,8 +29,6 @@ from torch.autograd import profiler
 
 from search_space import Target
 
-from workers.torch_arrays import FLOATING, torch_dtype
-
 from . import inductor
 from .autograd import gradients
 from .capture import Captured
@@ -46,8 +44,9 @@ class TunedOp(torch.nn.Module):
 
     def __init__(self, match: Match, kernels: Kernels):
         super().__init__()
-        self.form, self.label, self.dtype = match.form, match.label, torch_dtype(match.form.result_dtype)
+        self.form, self.label = match.form, match.label
         self.sizes = ShapeDispatch(match.form, match.weights, kernels)
+        self.dtype = self.sizes.result_dtype
         self.grads = match.grads  # which activations' gradients `backward` computes
         self.products = ShapeDispatch(Product(match.form.dtype), {}, kernels) if any(self.grads) else None
         if match.workload is not None:  # static sizes: bind the kernel now, not at the first call
@@ -74,11 +73,10 @@ def run_kernel(sizes: ShapeDispatch, activations) -> torch.Tensor:
     and Dynamo guards them; floating-point activations in another dtype than the kernel's (float32 under
     autocast) are cast, as autocast casts them, int8's kept. Under torch.profiler the kernel's time is an event
     named by its workload (bench model --profile reads them)."""
-    run, dtype = sizes.run(tuple(activation.shape for activation in activations)), torch_dtype(sizes.form.dtype)
-    cast = sizes.form.dtype in FLOATING
-    tensors = [(a.detach().to(dtype) if cast else a.detach()).reshape(shape).contiguous()
+    run = sizes.run(tuple(activation.shape for activation in activations))
+    tensors = [(a.detach().to(sizes.cast) if sizes.cast is not None else a.detach()).reshape(shape).contiguous()
                for a, shape in zip(activations, run.inputs)]
-    out = torch.empty(run.output, dtype=torch_dtype(sizes.form.result_dtype))
+    out = torch.empty(run.output, dtype=sizes.result_dtype)
     with torch.profiler.record_function(run.name) if profiler._is_profiler_enabled else nullcontext():
         run.call(*(t.data_ptr() for t in tensors), out.data_ptr())
     return out.view(run.result)

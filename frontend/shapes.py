@@ -30,6 +30,7 @@ from search_space import Target, Workload, fallback_config
 from search_space.workload import conv2d_output, output_dtype
 from tuner import predict  # noqa: F401  registers predicted configs: a shape with no tuned neighbour gets one
 from workers import build
+from workers.torch_arrays import FLOATING, torch_dtype
 
 log = logging.getLogger("tensortune.frontend")
 
@@ -215,6 +216,9 @@ class ShapeDispatch:
 
     def __init__(self, form: Form, weights: dict[str, np.ndarray], kernels: Kernels):
         self.form, self.weights, self.kernels = form, weights, kernels
+        # floating-point activations are cast to the kernel's dtype (autocast's float32 to bfloat16); int8's kept
+        self.cast = torch_dtype(form.dtype) if form.dtype in FLOATING else None
+        self.result_dtype = torch_dtype(form.result_dtype)
         self.runs: dict[tuple, Run] = {}
         self.bound: dict[Workload, object] = {}
         self._lock = threading.Lock()
