@@ -144,3 +144,25 @@ def test_every_linear_form_trains_through_tuned_kernels_but_a_wider_product_by_a
     assert said.endswith("dense M=10 N=16 K=40 epilogue=relu")
     for name, parameter in model.named_parameters():
         assert torch.allclose(parameter.grad, expected[name], rtol=1e-4, atol=1e-3), name
+
+
+def test_training_at_another_sequence_length_runs_tuned_kernels_traced_symbolic(tmp_path, caplog):
+    """The second length makes Dynamo trace the sequence symbolic: the trained layers and their gradients' products
+    dispatch on the sizes they meet, nothing goes back to PyTorch, and the gradients are eager's."""
+    model, sized = tiny_bert(), {length: torch.randint(0, 100, (2, length)) for length in (8, 12)}
+    tasks = {length: {task.workload.key for task in extract_tasks(model, (ids,), training=True)}
+             for length, ids in sized.items()}  # before the model is compiled at both: then it traces symbolic
+    forward = compiled(model, f"sqlite:///{tmp_path}/empty.db")
+    for length, ids in sized.items():
+        loss(model(ids)).backward()
+        expected = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+        model.zero_grad()
+        with caplog.at_level(logging.INFO, logger="tensortune.frontend"):
+            ran = tuned_kernels_run(lambda: loss(forward(ids)).backward())
+        assert ran == tasks[length]
+        for name, parameter in model.named_parameters():
+            scale = float(expected[name].abs().max())
+            assert torch.allclose(parameter.grad, expected[name], rtol=0, atol=1e-4 * scale + 1e-9), name
+        model.zero_grad()
+    assert not [line for line in frontend_lines(caplog) if "run in PyTorch" in line]
+    assert [line for line in frontend_lines(caplog) if "new size batch_matmul B=4 M=12" in line]
