@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import fx
+from torch.utils._pytree import tree_map_only
 
 
 @dataclass
@@ -30,6 +31,9 @@ def capture(model: torch.nn.Module, example_inputs: tuple, grad: bool = False) -
         graphs.append(Captured(graph, list(inputs)))
         return graph.forward
 
+    # copies: a tensor a compiled model already met at other sizes carries Dynamo's dynamic marks, which would
+    # make this trace symbolic too
+    example_inputs = tree_map_only(torch.Tensor, torch.clone, example_inputs)
     with torch.enable_grad() if grad else torch.inference_mode():
         torch.compile(model, backend=record, dynamic=False)(*example_inputs)
     return graphs
