@@ -22,7 +22,8 @@ def test_bench_kernels_json_lines():
         assert FIELDS <= set(row)
         assert row["workload"] == "batch_matmul(B=12,M=128,N=128,K=64,dtype=float32)"
         assert row["gflops"] > 0 and row["numpy_gflops"] > 0 and row["peak_gflops"] > 0
-        assert row["peak_fraction"] == pytest.approx(row["gflops"] / row["peak_gflops"], rel=0.01)
+        # rounded to 3 decimals: a slow run (2 trials, the other core busy) gives a fraction near 0.017
+        assert row["peak_fraction"] == pytest.approx(row["gflops"] / row["peak_gflops"], rel=0.01, abs=0.0005)
         best_reference = max(row["numpy_gflops"], row["torch_gflops"] or 0)
         assert row["ratio"] == pytest.approx(row["gflops"] / best_reference, rel=0.05, abs=0.002)  # both rounded
         assert set(row["config"]["knobs"]) >= {"tile_m", "tile_n", "vec", "parallel", "pack_b"}
@@ -39,7 +40,8 @@ def test_bench_kernels_in_bfloat16_against_pytorchs_bfloat16():
     for row in rows:
         assert row["numpy_gflops"] is None and row["torch_gflops"] > 0 and row["family"] == row["config"]["knobs"]["isa"]
         assert row["ratio"] == pytest.approx(row["gflops"] / row["torch_gflops"], rel=0.05, abs=0.002)
-        assert row["peak_fraction"] == pytest.approx(row["gflops"] / row["peak_gflops"], rel=0.01)
+        # rounded to 3 decimals: a slow run (2 trials, the other core busy) gives a fraction near 0.017
+        assert row["peak_fraction"] == pytest.approx(row["gflops"] / row["peak_gflops"], rel=0.01, abs=0.0005)
     refused = CliRunner().invoke(app, ["bench", "kernels", "--dtype", "int4"])
     assert refused.exit_code == 2 and "unknown dtype 'int4'; known: float32, bfloat16, int8" in refused.output
 
