@@ -1,15 +1,20 @@
-"""The machine's peak FMA rate (and AVX-512 BF16's pair-dot and VNNI's byte-quad-dot rates, where it has them),
-and what launching a parallel kernel costs, all measured with kernels written in tensortune's own loop-nest IR and compiled by its
-own code generator."""
+"""The machine's peak FMA rate (and AVX-512 BF16's pair-dot, VNNI's byte-quad-dot and AMX's tile-product rates,
+where it has them), and what launching a parallel kernel costs, all measured with kernels written in tensortune's own
+loop-nest IR (AMX's in LLVM IR through its tile intrinsics) and compiled by its own code generator."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
+from llvmlite import ir
 
 from search_space import Target
 from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, Program, Stage, var
 from workers import compile_program
+from workers.llvm_amx import AMX, PRODUCTS
+from workers.kernel import cfunc
+from workers.llvm_jit import compile_module
 from workers.timing import time_samples
 
 CHAINS = 12  # FMA latency 4 × 2 pipes, plus slack: enough independent chains to fill both FMA units
@@ -19,6 +24,9 @@ ITERATIONS = 200_000
 # instruction family: its operands (A's, B's), the dtype it sums in, flops a 32-bit lane
 FAMILIES = {"fma": ("float32", "float32", "float32", 2), "avx512bf16": ("bfloat16", "bfloat16", "float32", 4),
             "avx512vnni": ("uint8", "int8", "int32", 8)}
+# AMX family: its tile product (an IR op), operations of one product (16 × 16 sums of 32 bf16 or 64 byte products)
+TILE_PRODUCTS = {"amx-bf16": ("dot2_amx", 2 * 16 * 16 * 32), "amx-int8": ("dot4_amx", 2 * 16 * 16 * 64)}
+TILE_ITERATIONS = 20_000
 
 
 def peak_program(threads: int, width: int, family: str = "fma") -> Program:
@@ -56,8 +64,54 @@ def peak_call(target: Target, family: str = "fma") -> tuple[Callable[[], None], 
     return call, flops_per_lane * width * CHAINS * ITERATIONS * target.threads
 
 
+def tile_peak_module(family: str) -> ir.Module:
+    """`void peak(ptr tiles)`: TILE_ITERATIONS times, four tile products into four C tiles from two A and two B
+    tiles loaded once (each product depends on the last into its C, four apart: enough to keep the unit busy)."""
+    module = ir.Module(name=f"peak_{family}")
+    i16, i64, ptr = ir.IntType(16), ir.IntType(64), ir.PointerType()
+    declare = lambda name, ret, args: ir.Function(module, ir.FunctionType(ret, args), name)
+    load = declare("llvm.x86.tileloadd64.internal", AMX, [i16, i16, ptr, i64])
+    store = declare("llvm.x86.tilestored64.internal", ir.VoidType(), [i16, i16, ptr, i64, AMX])
+    dot = declare(PRODUCTS[TILE_PRODUCTS[family][0]][1], AMX, [i16, i16, i16, AMX, AMX, AMX])
+    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr]), "peak")
+    b = ir.IRBuilder(function.append_basic_block("entry"))
+    sixteen, row = ir.Constant(i16, 16), ir.Constant(i16, 64)
+    tile = lambda n: b.gep(function.args[0], [ir.Constant(i64, 1024 * n)], source_etype=ir.IntType(8))
+    a, b_ = [b.call(load, [sixteen, row, tile(n), ir.Constant(i64, 64)]) for n in (0, 1)], \
+        [b.call(load, [sixteen, row, tile(n), ir.Constant(i64, 64)]) for n in (2, 3)]
+    acc = [b.call(load, [sixteen, row, tile(4 + n), ir.Constant(i64, 64)]) for n in range(4)]
+    entry, loop, done = b.block, function.append_basic_block("loop"), function.append_basic_block("done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    index, carried = b.phi(i64), [b.phi(AMX) for _ in acc]
+    following = [b.call(dot, [sixteen, row, row, carried[n], a[n // 2], b_[n % 2]]) for n in range(4)]
+    step = b.add(index, ir.Constant(i64, 1))
+    index.add_incoming(ir.Constant(i64, 0), entry)
+    index.add_incoming(step, loop)
+    for phi, first, last in zip(carried, acc, following):
+        phi.add_incoming(first, entry)
+        phi.add_incoming(last, loop)
+    b.cbranch(b.icmp_signed("<", step, ir.Constant(i64, TILE_ITERATIONS)), loop, done)
+    b.position_at_end(done)
+    for n, value in enumerate(following):
+        b.call(store, [sixteen, row, tile(4 + n), ir.Constant(i64, 64), value])
+    b.ret_void()
+    return module
+
+
+def tile_peak_call(target: Target, family: str) -> tuple[Callable[[], None], int]:
+    """A call running the tile-product peak kernel on each of the target's threads at once (Python threads: ctypes
+    lets go of the GIL), and the operations of one call."""
+    compiled = compile_module(tile_peak_module(family), target)
+    function = cfunc(compiled.address("peak"), 1)
+    tiles = [np.zeros(8 * 1024, np.uint8) for _ in range(target.threads)]  # zeros: no denormal or overflow on any path
+    pool = ThreadPoolExecutor(target.threads)
+    call = lambda: (compiled, list(pool.map(lambda t: function(t.ctypes.data), tiles)))
+    return call, 4 * TILE_PRODUCTS[family][1] * TILE_ITERATIONS * target.threads
+
+
 def peak_gflops(target: Target, family: str = "fma") -> float:
-    call, flops = peak_call(target, family)
+    call, flops = tile_peak_call(target, family) if family in TILE_PRODUCTS else peak_call(target, family)
     return flops / min(time_samples(call, repeat=5, min_repeat_ms=50)) / 1e9
 
 
@@ -68,7 +122,7 @@ def family_peaks(target: Target, dtype: str) -> dict[str, float]:
     from search_space.templates.gemm import isas
 
     families = isas(target, dtype) if dtype != "float32" else ("fma",)
-    return {family: peak_gflops(target, family) for family in families if family in FAMILIES}
+    return {family: peak_gflops(target, family) for family in families if family in FAMILIES | TILE_PRODUCTS}
 
 
 def launch_microseconds(target: Target) -> float:

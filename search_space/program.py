@@ -1,6 +1,7 @@
 """The lowered program: a target-neutral loop nest that a config of a template turns into.
 
-Loops have static extents and a kind (serial, parallel, vectorized, unrolled; on a GPU also
+Loops have static extents and a kind (serial, parallel, vectorized, unrolled; `tile` for a nest of
+three over k groups, rows and columns that a CPU with AMX runs as tile products; on a GPU also
 bound to blockIdx.x/y/z or threadIdx.x); buffers have a scope (input, output, packed scratch
 in memory, register accumulators; on a GPU also shared memory per block and local memory per
 thread); statements store a value built from loads, constants and a few arithmetic ops at an
@@ -22,14 +23,15 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 GPU_INDICES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x")
-LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled") + GPU_INDICES
+LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled", "tile") + GPU_INDICES
 SCOPES = ("input", "output", "packed", "register", "shared", "local")
 # fma(a, b, c) = a·b + c; dot2(a0, b0, a1, b1, c) = a0·b0 + a1·b1 + c (bfloat16 pairs, adjacent in memory, are loaded
 # as one 32-bit lane); dot2_bf16 is dot2 by AVX-512 BF16's vdpbf16ps (which flushes denormals); dot4 is the same over
 # four uint8·int8 products summed in int32 (a quad of bytes is one lane), dot4_vnni by AVX-512 VNNI's vpdpbusd;
+# dot2_amx and dot4_amx are the same sums inside a `tile` nest, by AMX's tdpbf16ps and tdpbusd;
 # `float` converts an int32 to float32. Integer loads and constants make integer values; add, mul and fma take both.
-OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1, "erf": 1, "dot2": 5, "dot2_bf16": 5, "dot4": 9,
-       "dot4_vnni": 9, "float": 1}
+OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1, "erf": 1, "dot2": 5, "dot2_bf16": 5, "dot2_amx": 5,
+       "dot4": 9, "dot4_vnni": 9, "dot4_amx": 9, "float": 1}
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "uint8": 1, "int8": 1, "int32": 4}
 
 # Nodes are values, compared and hashed by content and never changed once made; not `frozen`, whose __init__ (an

@@ -4,7 +4,7 @@
 `cuda` names the device and its compute capability. The string form is TVM-like:
 `llvm -mcpu=znver4 -mattr=+avx2,+avx512f,+fma -threads=2`, `cuda -device=NVIDIA_A100 -arch=sm_80`.
 `-mattr` lists the vector features a kernel may use (`+avx2,+fma`: those alone); a list of removals only
-(`-mattr=-avx512bf16`) narrows the host's.
+(`-mattr=-avx512bf16`, `-mattr=-amx-tile`) narrows the host's.
 `cuda` alone is the host's GPU (read through CuPy; a TargetError says why when there is none);
 `cuda -arch=sm_90` names an architecture with no device, enough to lower and compile. A CPU or feature name
 that LLVM does not know is refused (UnknownName), with the names it knows close to it, where the text is a user's.
@@ -21,8 +21,9 @@ from functools import cache
 from typing import Collection
 
 KINDS = ("llvm", "cuda")
+# the vector (and AMX's matrix) features a kernel may use: what a target names and a kernel tuned for it keeps to
 VECTOR_FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx512vnni", "neon",
-                   "sve")
+                   "sve", "amx-tile", "amx-bf16", "amx-int8")
 
 
 class TargetError(ValueError):

@@ -32,7 +32,7 @@ def test_the_special_family_is_offered_only_where_the_target_has_it(family):
     narrowed = Target.parse(str(target).replace(f",+{family}", ""))
     assert get_space(workload, narrowed).knobs["isa"].candidates == (generic,)
     assert family not in Target.parse(f"llvm -mattr=-{family}").features  # the host, narrowed
-    assert get_space(workload, Target.parse(f"llvm -mattr=-{family}")).knobs["isa"].candidates == (generic,)
+    assert family not in get_space(workload, Target.parse(f"llvm -mattr=-{family}")).knobs["isa"].candidates
     assert "isa" not in get_space(dense(64, 768, 768), target).knobs  # float32 spaces are as they were
 
 

@@ -20,6 +20,9 @@ Integer buffers (uint8, int8, int32) load as int32, zero- or sign-extended, and 
 constants are int32: add, mul and fma of them are integer arithmetic, exact, and `float`
 converts. `dot4` of uint8 quads and int8 quads adjacent in memory loads each quad as one lane
 and splits it into bytes; `dot4_vnni` is AVX-512 VNNI's `vpdpbusd`.
+
+A `tile` nest (k groups, rows, columns around one `dot2_amx` or `dot4_amx` into a block of C)
+becomes AMX tile products (llvm_amx).
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from dataclasses import dataclass, field
 from llvmlite import ir
 
 from search_space.program import ITEMSIZE, Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, Store, Value
+
+from .llvm_amx import PRODUCTS, Operand, tile_product
 
 F32, I8, I16, I32, I64, PTR = ir.FloatType(), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.PointerType()
 VOID = ir.VoidType()
@@ -185,6 +190,8 @@ class LLVMCodegen:
                 self.branch(f, stmt, vector)
             elif isinstance(stmt, Call):
                 self.call(f, stmt, vector)
+            elif stmt.kind == "tile" and vector is None:
+                self.tile_nest(f, stmt)
             elif stmt.kind == "unrolled" or (stmt.kind == "vectorized" and stmt.extent == 1):
                 for i in range(stmt.extent):
                     f.env[stmt.var] = i
@@ -252,6 +259,39 @@ class LLVMCodegen:
         f.builder.call(self._subroutines[key], list(f.fn.args[:len(self.memory)]) + arguments)
         f.known.clear()
 
+    def tile_nest(self, f: _Function, nest: Loop) -> None:
+        """acc[r, c] = dot(A[r, g·q + j], Bp[q, c, j] for each j, acc[r, c]) in loops q, r, c of kind `tile`: A's
+        groups along its rows, B's packed a group a column, the block's columns contiguous, as AMX tile products."""
+        rows = nest.body[0] if len(nest.body) == 1 and isinstance(nest.body[0], Loop) else None
+        columns = rows.body[0] if rows and len(rows.body) == 1 and isinstance(rows.body[0], Loop) else None
+        store = columns.body[0] if columns and len(columns.body) == 1 else None
+        op = getattr(store, "value", None)
+        if not isinstance(op, Op) or op.name not in PRODUCTS or {rows.kind, columns.kind} != {"tile"}:
+            raise CodegenError(f"tile nest {nest.var} is not three tile loops around one AMX product")
+        if missing := {"amx-tile", PRODUCTS[op.name][0]} - set(self.features):
+            raise CodegenError(f"{op.name} needs {', '.join(sorted(missing))}; the target has "
+                               f"{', '.join(self.features) or 'no vector features'}")
+        q, r, c = nest.var, rows.var, columns.var
+        terms, g = op.args[:-1], (len(op.args) - 1) // 2
+        offsets = [x.buffer.flat(x.index) for x in terms]
+        a_offset, b_offset, c_offset = offsets[0], offsets[1], store.buffer.flat(store.index)
+        steps = (a_offset.coeff(q), a_offset.coeff(c), b_offset.coeff(c), b_offset.coeff(r), c_offset.coeff(q),
+                 c_offset.coeff(c))
+        if (op.args[-1] != Load(store.buffer, store.index) or offsets != [o + j for j in range(g) for o in offsets[:2]]
+                or steps != (g, 0, g, 0, 0, 1)):
+            raise CodegenError(f"tile nest {nest.var}: operands not laid out as A's rows, packed B and C's block")
+
+        def operand(load: Load | Store, offset: Affine, row: str) -> Operand:
+            f.env.update(dict.fromkeys((q, r, c), 0))
+            base = self.address(f, load.buffer, self.index_parts(f, offset, None), I8)
+            for name in (q, r, c):
+                del f.env[name]
+            return Operand(base, offset.coeff(row) * load.buffer.itemsize)
+
+        tile_product(f.builder, self._extern, op.name, operand(store, c_offset, r), operand(terms[0], a_offset, r),
+                     operand(terms[1], b_offset, q), rows.extent, columns.extent, nest.extent)
+        f.forget(store.buffer.name)
+
     def store(self, f: _Function, stmt: Store, vector: _Vector | None) -> None:
         b, buffer = f.builder, stmt.buffer
         if buffer.dtype != "float32" and isinstance(stmt.value, Load) and stmt.value.buffer.dtype == buffer.dtype:
@@ -290,6 +330,8 @@ class LLVMCodegen:
                 ir.Constant(scalar, value.value)
         if isinstance(value, Load):
             return self.load(f, value, vector)
+        if value.name in PRODUCTS:
+            raise CodegenError(f"{value.name} outside a tile nest: AMX products are tiles, not lanes")
         if value.name in SPECIAL_DOTS and (feature := SPECIAL_DOTS[value.name][0]) not in self.features:
             raise CodegenError(f"{value.name} on {vector.width if vector else 1} lanes needs {feature}; "
                                f"the target has {', '.join(self.features) or 'no vector features'}")

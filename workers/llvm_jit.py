@@ -2,13 +2,14 @@
 
 The target machine is built for the target's CPU model with the host's features, minus any
 vector feature the target does not list (so a kernel tuned for AVX2 stays AVX2 on an
-AVX-512 host). Parallel loops call libgomp, loaded once into the process. Assembly for
-reading (`emit_assembly`) is made with exactly the target's vector features, host or not:
+AVX-512 host). Parallel loops call libgomp, loaded once into the process, which also asks Linux for AMX's
+tile registers where the CPU has them. Assembly for reading (`emit_assembly`) is made with exactly the target's vector features, host or not:
 it is never run.
 """
 from __future__ import annotations
 
 import ctypes.util
+import os
 from dataclasses import dataclass
 from functools import cache
 
@@ -30,6 +31,17 @@ def _initialise() -> None:
     if gomp is None:
         raise CompileError("libgomp not found: parallel kernels need it (Debian/Ubuntu: apt-get install libgomp1)")
     llvm.load_library_permanently(gomp)
+    if llvm.get_host_cpu_features().get("amx-tile"):
+        _request_tile_data()
+
+
+def _request_tile_data() -> None:
+    """Linux gives a process AMX's tile registers only once it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+    XFEATURE_XTILEDATA); until then a tile instruction kills it with SIGILL. Asked once per process, for all its
+    threads, before any kernel is loaded."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(158, 0x1023, 18) != 0:  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+        raise CompileError(f"Linux refused AMX tile data to this process: {os.strerror(ctypes.get_errno())}")
 
 
 @cache

@@ -14,7 +14,13 @@ Partial sums of a k-block go to a float32 workspace, not through the bfloat16 ou
 int8 (uint8 A × int8 B) sums in int32 registers, exactly. Its packed B holds k in groups of four
 bytes, Bp[n/nr][k/4][nr][4] (AVX-512 VNNI's layout), so a 32-bit lane holds four k: `isa` picks
 each byte widened to int32, multiplied and added (`widen`, any CPU) or VNNI's `vpdpbusd`
-(`avx512vnni`). dense dequantizes as it writes: the int32 sum corrected by the zero point times
+(`avx512vnni`).
+
+Where the CPU has AMX, `isa` may be `amx-bf16` or `amx-int8`: the micro-kernel's block is then a
+few tiles of 16 rows × 16 columns of C (as many as fit the eight tile registers beside one A and
+the B tiles), and its k loop a `tile` nest that the code generator runs as tile loads and
+`tdpbf16ps` / `tdpbusd` products, 32 bf16 or 64 bytes of k a step, from A's rows as they are and
+the packed B's group rows (16 columns × 4 bytes: exactly a tile row). dense dequantizes as it writes: the int32 sum corrected by the zero point times
 the weights' row sums (summed once, when the weights are bound), scaled to float32, then bias and
 epilogue; partial sums of a k-block wait in an int32 workspace.
 """
@@ -33,9 +39,14 @@ VERSION = 1  # bumped whenever a change alters the code generated for some confi
 DTYPES = ("float32", "bfloat16", "int8")
 # per dtype whose packed B holds k in groups (as many as a 32-bit lane holds): the `isa` families (the one any CPU
 # has first, then the one named by its target feature), and the IR op each family's dot is
-FAMILIES = {"bfloat16": ("fma", "avx512bf16"), "int8": ("widen", "avx512vnni")}
-DOTS = {"fma": "dot2", "avx512bf16": "dot2_bf16", "widen": "dot4", "avx512vnni": "dot4_vnni"}
+FAMILIES = {"bfloat16": ("fma", "avx512bf16", "amx-bf16"), "int8": ("widen", "avx512vnni", "amx-int8")}
+DOTS = {"fma": "dot2", "avx512bf16": "dot2_bf16", "amx-bf16": "dot2_amx", "widen": "dot4", "avx512vnni": "dot4_vnni",
+        "amx-int8": "dot4_amx"}
+AMX = ("amx-bf16", "amx-int8")
+TILE = 16  # rows of an AMX tile, and 32-bit columns
+TILE_REGISTERS = 8
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+AMX_MR_CHOICES = (32, 48, 64)  # register blocks of several tiles' rows, offered only where AMX is
 NR_CHOICES = (4, 8, 12, 16, 24, 32, 48, 64)
 BLOCK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 UNROLL_CHOICES = (1, 2, 4, 8)
@@ -61,8 +72,10 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     batch, m, n, k = _dims(workload)
     vec_choices = tuple(v for v in (4, 8, 16) if v * 32 <= target.vector_bits)
     parallel = ("none",) if target.threads == 1 else ("none", "m", "n") + (("b",) if workload.op == "batch_matmul" else ())
+    families = isas(target, workload.dtype) if workload.dtype in FAMILIES else ("",)
+    amx = families[-1] in AMX
     knobs = [
-        Knob("tile_m", "split", _splits(m, MR_CHOICES)),
+        Knob("tile_m", "split", _splits(m, MR_CHOICES + (AMX_MR_CHOICES if amx else ()))),
         Knob("tile_n", "split", _splits(n, tuple(c for c in NR_CHOICES if c <= max(64, n)) if n >= 4 else (4,))),
         Knob("tile_k", "split", _k_tiles(k)),
         Knob("vec", "annotate", vec_choices),
@@ -79,21 +92,39 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
         mr, nr = tile_m[2], tile_n[2]
         return nr % vec == 0 and mr * (nr // vec) + nr // vec + 1 <= registers and nr // vec <= 8
 
-    constraints = [(("tile_m", "tile_n", "vec"), fits)]
-    if workload.dtype in FAMILIES:
-        generic = FAMILIES[workload.dtype][0]
-        knobs.append(Knob("isa", "annotate", isas(target, workload.dtype)))
-        # the special dot reads the group layout of the packed B, on 16 lanes (or fewer with AVX-512 VL)
-        constraints.append((("isa", "pack_b", "vec"), lambda isa, pack_b, vec: isa == generic or (
-            pack_b and (vec == 16 or "avx512vl" in target.features))))
-    return ConfigSpace(knobs, constraints)
+    def tiles_fit(tile_m, tile_n):
+        """Whole tiles (or the whole extent), and C's tiles beside one A or B tile and the smaller side's others
+        fit the tile registers."""
+        (mr, nr), whole = (tile_m[2], tile_n[2]), lambda r, extent: r % TILE == 0 or r == min(extent, TILE)
+        rows, columns = -(-mr // TILE), -(-nr // TILE)
+        return whole(mr, m) and whole(nr, n) and rows * columns + min(rows, columns) + 1 <= TILE_REGISTERS
+
+    register_block = [(("tile_m", "tile_n", "vec"), fits)]
+    if workload.dtype not in FAMILIES:
+        return ConfigSpace(knobs, register_block)
+    generic = FAMILIES[workload.dtype][0]
+    knobs.append(Knob("isa", "annotate", families))
+    # the special dots read the group layout of the packed B, on 16 lanes (or fewer with AVX-512 VL)
+    groups_read = lambda isa, pack_b, vec: isa == generic or (pack_b and (vec == 16 or "avx512vl" in target.features))
+    if not amx:  # the constraints as they were before AMX: every other target's configs keep their indices
+        return ConfigSpace(knobs, register_block + [(("isa", "pack_b", "vec"), groups_read)])
+
+    def valid(isa, tile_m, tile_n, vec, pack_b, unroll_k):
+        """Tiles for AMX, on a packed B, written back on 16 lanes, the k loop not unrolled (the two knobs are fixed
+        there); a register block for the vector families."""
+        if isa in AMX:
+            return pack_b and vec == max(vec_choices) and unroll_k == 1 and tiles_fit(tile_m, tile_n)
+        return fits(tile_m, tile_n, vec) and groups_read(isa, pack_b, vec)
+
+    return ConfigSpace(knobs, [(("isa", "tile_m", "tile_n", "vec", "pack_b", "unroll_k"), valid)])
 
 
 def isas(target: Target, dtype: str = "bfloat16") -> tuple[str, ...]:
     """The instruction families a product in `dtype` may use on the target: widening (and FMA) everywhere, AVX-512
-    BF16's pair dot or VNNI's byte-quad dot where the target has it."""
-    generic, special = FAMILIES[dtype]
-    return (generic,) + ((special,) if special in target.features else ())
+    BF16's pair dot or VNNI's byte-quad dot, and AMX's tile product, where the target has them."""
+    generic, *special = FAMILIES[dtype]
+    has = lambda family: family in target.features and (family not in AMX or "amx-tile" in target.features)
+    return (generic,) + tuple(family for family in special if has(family))
 
 
 def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
@@ -107,6 +138,8 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     }
     if "isa" in space_.knobs:
         want["isa"] = space_.knobs["isa"].candidates[-1]
+        if want["isa"] in AMX:  # 2 × 2 tiles of C, k-blocks of 512
+            want |= {"tile_m": (-1, 2, 2 * TILE), "tile_n": (-1, 2, 2 * TILE), "tile_k": (-1, 512), "unroll_k": 1}
     return space_.nearest(want)
 
 
@@ -242,8 +275,14 @@ class _Gemm:
             g, dot = self.group, DOTS[self.isa]
             packed = lambda q, c, j: self.bp[self._batch(b, var("p0"), q, c, j)]
             terms = lambda r, c, q: tuple(x for j in range(g) for x in (a(r, q * g + j), packed(q, c, j)))
-            step = lambda q: rows(lambda r, c: [self.acc.store((r, c), Op(dot, terms(r, c, q) + (self.acc[r, c],)))])
-            k_loop = tiled("ki", kc // g, self.unroll, var("q0"), unrolled(step))
+            product = lambda r, c, q: [self.acc.store((r, c), Op(dot, terms(r, c, q) + (self.acc[r, c],)))]
+            if self.isa in AMX:  # k groups, rows, columns: the nest the code generator runs as tile products
+                r, c, q = var("r"), var("c"), var("q0") + var("ki")
+                k_loop = [Loop("ki", kc // g, "tile", (Loop("r", mr, "tile", (Loop("c", nr, "tile", tuple(
+                    product(r, c, q))),)),))] if kc >= g else []
+            else:
+                k_loop = tiled("ki", kc // g, self.unroll, var("q0"), unrolled(lambda q: rows(
+                    lambda r, c: product(r, c, q))))
             if kc % g:  # the last k of a k not a multiple of g, in a group the packing filled up with zeros
                 last = var("q0") + kc // g
                 k_loop += rows(lambda r, c: [s for j in range(kc % g) for s in fma(r, c, a(r, last * g + j),

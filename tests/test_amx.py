@@ -1,0 +1,93 @@
+"""AMX's tile products as the GEMM template's `amx-bf16` and `amx-int8` families: offered only where the target has
+AMX (narrowing the host with `-mattr=-amx-tile` takes them away on any host), every config's tiles fit the eight
+tile registers, configs of odd shapes compile to tile products on any host (assembly for a Sapphire Rapids), and, where
+the host has AMX, they compute their dtype's reference and the tile peak is measured above the AVX-512 dot's."""
+import pytest
+
+from bench.peak import peak_gflops, tile_peak_module
+from search_space import Target, batch_matmul, dense, fallback_config, get_space, host_target, lower, matmul
+from search_space.templates.gemm import FAMILIES as GEMM_FAMILIES, TILE, TILE_REGISTERS, isas
+from workers.build import generated_assembly
+from workers.llvm_codegen import CodegenError, generate
+from workers.llvm_jit import emit_assembly
+from tests.isa_helpers import check, configs_using
+
+VECTOR = "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512bf16,+avx512vnni"
+
+
+def sapphire(*amx: str) -> Target:
+    """A Sapphire Rapids with AVX-512 and the AMX features `amx`: compiled to assembly on any host, never run here."""
+    return Target.parse(f"llvm -mcpu=sapphirerapids -mattr={VECTOR}{''.join(',+' + f for f in amx)} -threads=1")
+
+
+SAPPHIRE = sapphire("amx-tile", "amx-bf16", "amx-int8")
+ONE = Target.parse("llvm -threads=1")
+# AMX family → its dtype, its instruction, the AVX-512 family below it
+FAMILIES = {"amx-bf16": ("bfloat16", "tdpbf16ps", "avx512bf16"), "amx-int8": ("int8", "tdpbusd", "avx512vnni")}
+ODD_SHAPES = lambda dtype: [dense(33, 100, 77, bias=True, epilogue="gelu", dtype=dtype), matmul(64, 64, 3072, dtype=dtype),
+                            batch_matmul(3, 17, 42, 31, dtype=dtype), dense(1, 40, 70, dtype=dtype),
+                            dense(100, 200, 97, bias=True, dtype=dtype)]
+on_amx_host = pytest.mark.skipif("amx-tile" not in host_target().features,
+                                 reason="the host has no AMX: its families are checked as assembly only")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_amx_family_is_offered_only_where_the_target_has_amx(family):
+    dtype, _, below = FAMILIES[family]
+    workload = dense(128, 768, 768, dtype=dtype)
+    assert isas(SAPPHIRE, dtype) == (GEMM_FAMILIES[dtype][0], below, family)
+    assert fallback_config(workload, SAPPHIRE)["isa"] == family
+    for narrowed in (sapphire(family), sapphire("amx-tile"), Target.parse("llvm -mattr=-amx-tile")):  # the last: the host's
+        assert family not in get_space(workload, narrowed).knobs["isa"].candidates
+    float32 = get_space(dense(128, 768, 768), SAPPHIRE)
+    assert "isa" not in float32.knobs and max(r for _, _, r in float32.knobs["tile_m"].candidates) == 16
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_amx_config_fits_the_tile_registers(family):
+    """C's tiles, one tile of the larger side and all of the smaller side's: at most eight, on a packed B."""
+    tiled = list(get_space(dense(200, 300, 768, dtype=FAMILIES[family][0]), SAPPHIRE).restrict({"isa": (family,)}))
+    for config in tiled:
+        rows, columns = (-(-config[knob][2] // TILE) for knob in ("tile_m", "tile_n"))
+        assert rows * columns + min(rows, columns) + 1 <= TILE_REGISTERS and config["pack_b"]
+    assert {config["tile_m"][2] for config in tiled} >= {16, 32, 64}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_amx_configs_compile_to_tile_products_on_any_host(family):
+    """Whole tiles and every tail (rows, columns, a k step of fewer groups, an odd k) get their tile configuration:
+    LLVM allocates the tile registers of each, which it refuses when one function asks for more than it has."""
+    dtype, instruction, below = FAMILIES[family]
+    assembly = generated_assembly(lower(dense(64, 768, 768, dtype=dtype), SAPPHIRE, fallback_config(
+        dense(64, 768, 768, dtype=dtype), SAPPHIRE)), SAPPHIRE)
+    assert assembly.count(instruction) >= 4 and "ldtilecfg" in assembly and "tilerelease" in assembly
+    for workload in ODD_SHAPES(dtype):
+        for config in configs_using(workload, SAPPHIRE, family, count=4):
+            assert instruction in generated_assembly(lower(workload, SAPPHIRE, config), SAPPHIRE)
+    vector = get_space(dense(64, 768, 768, dtype=dtype), SAPPHIRE).config(
+        fallback_config(dense(64, 768, 768, dtype=dtype), SAPPHIRE).to_dict() | {"isa": below, "tile_m": [-1, 8, 8],
+                                                                                  "tile_n": [-1, 8, 32]})
+    assert instruction not in generated_assembly(lower(dense(64, 768, 768, dtype=dtype), SAPPHIRE, vector), SAPPHIRE)
+
+
+def test_a_tile_product_without_amx_is_refused_by_the_code_generator():
+    workload = dense(64, 768, 768, dtype="bfloat16")
+    program = lower(workload, SAPPHIRE, fallback_config(workload, SAPPHIRE))
+    with pytest.raises(CodegenError, match="dot2_amx needs amx-bf16, amx-tile"):
+        generate(program, 1, ("avx", "avx2", "fma", "avx512f", "avx512bf16"))
+
+
+@on_amx_host
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_amx_family_computes_the_reference(family):
+    for workload in ODD_SHAPES(FAMILIES[family][0]):
+        for config in configs_using(workload, ONE, family, count=4):
+            check(workload, ONE, config)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_tile_peak_is_measured_with_tile_products(family):
+    """Emitted on any host; measured where AMX is, above the AVX-512 dot's peak on the same threads."""
+    assert FAMILIES[family][1] in emit_assembly(tile_peak_module(family), SAPPHIRE)
+    if "amx-tile" in host_target().features:
+        assert peak_gflops(ONE, family) > 2 * peak_gflops(ONE, FAMILIES[family][2])
