@@ -5,6 +5,11 @@ Knobs are declared the way AutoTVM's `define_split` / `define_reorder` / `define
 file) are applied exactly: constrained knobs form one mixed-radix digit whose values are
 the valid tuples, so `len` counts only valid points, `get` never returns an invalid one,
 and indices are plain Python ints (spaces beyond 2**63 work).
+
+A space may name a knob as its strata: one that chooses among alternatives of very different sizes
+(the GEMM's instruction families: millions of vector register blocks, thousands of AMX tile blocks).
+Random draws then pick its value first, evenly, so that the small alternative is drawn as often as
+the large one, instead of once in a thousand.
 """
 from __future__ import annotations
 
@@ -62,13 +67,22 @@ class _Digit:
 class ConfigSpace:
     """The product of knob digits; position 0 is the least significant digit."""
 
-    def __init__(self, knobs: list[Knob], constraints: list[tuple[tuple[str, ...], Callable[..., bool]]] = ()):
+    def __init__(self, knobs: list[Knob], constraints: list[tuple[tuple[str, ...], Callable[..., bool]]] = (),
+                 strata: str | None = None):
         self.knobs = {k.name: k for k in knobs}
         if len(self.knobs) != len(knobs):
             raise ValueError("duplicate knob names")
         self._constraints = list(constraints)
         self._digits = self._make_digits(knobs, self._constraints)
         self._position = [{v: i for i, v in enumerate(digit.values)} for digit in self._digits]
+        self.strata = strata
+        # the digit holding the strata knob, and its positions for each value of that knob
+        self._strata_digit, self._stratum_positions = -1, {}
+        for d, digit in enumerate(self._digits if strata else ()):
+            if strata in digit.names:
+                self._strata_digit = d
+                for position, value in enumerate(digit.values):
+                    self._stratum_positions.setdefault(value[digit.names.index(strata)], []).append(position)
 
     def _make_digits(self, knobs, constraints) -> list[_Digit]:
         groups = [{k.name} for k in knobs]
@@ -95,7 +109,7 @@ class ConfigSpace:
             raise InvalidConfig(f"no knob(s) {', '.join(sorted(unknown))} in this space")
         knobs = [Knob(k.name, k.kind, tuple(c for c in k.candidates if k.name not in allowed or c in allowed[k.name]))
                  for k in self.knobs.values()]
-        return ConfigSpace(knobs, self._constraints)
+        return ConfigSpace(knobs, self._constraints, self.strata)
 
     def __len__(self) -> int:  # may exceed sys.maxsize; use `size` then
         return self.size
@@ -153,18 +167,30 @@ class ConfigSpace:
         return config
 
     def sample(self, n: int, rng: random.Random | int | None = None, exclude: set[int] = frozenset()) -> list[Config]:
-        """Up to n distinct configs drawn uniformly, none of whose index is in `exclude`."""
+        """Up to n distinct configs, none of whose index is in `exclude`: drawn uniformly, or stratified (the
+        strata knob's value drawn evenly, then uniformly within it) while its values have configs left to draw."""
         rng = rng if isinstance(rng, random.Random) else random.Random(rng)
         n = min(n, self.size - len(exclude))
         if self.size <= 4 * (n + len(exclude)):
             pool = [i for i in range(self.size) if i not in exclude]
             return [self.get(i) for i in rng.sample(pool, n)]
         chosen: dict[int, None] = {}
+        stratified = 100 * n if self._stratum_positions else 0  # draws before a nearly drawn-out stratum ends them
         while len(chosen) < n:
-            index = rng.randrange(self.size)
+            index = self._stratified_index(rng) if stratified > 0 else rng.randrange(self.size)
+            stratified -= 1
             if index not in exclude:
                 chosen[index] = None
         return [self.get(i) for i in chosen]
+
+    def _stratified_index(self, rng: random.Random) -> int:
+        """A config of a value of the strata knob drawn evenly, uniform among that value's configs."""
+        positions = self._stratum_positions[rng.choice(list(self._stratum_positions))]
+        index, scale = 0, 1
+        for d, digit in enumerate(self._digits):
+            index += (rng.choice(positions) if d == self._strata_digit else rng.randrange(len(digit.values))) * scale
+            scale *= len(digit.values)
+        return index
 
     def neighbours(self, config: Config) -> list[Config]:
         """Every valid config that differs from `config` in exactly one knob."""

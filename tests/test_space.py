@@ -46,6 +46,20 @@ def test_sampling_is_distinct_and_honours_exclusions():
     assert len(some) == 5 and not {c.index for c in some} & {0, 1, 2}
 
 
+def test_a_stratified_space_draws_its_small_alternative_as_often_as_its_large_one():
+    """A family knob whose one value has 30 configs and the other 3000: drawn evenly, each within uniformly; once the
+    small one is drawn out, the draws go on over what is left."""
+    knobs = [Knob("family", "annotate", ("small", "large")), Knob("size", "knob", tuple(range(1000))),
+             Knob("order", "knob", (0, 1, 2))]
+    constraints = [(("family", "size"), lambda family, size: family == "large" or size < 10)]
+    space, plain = ConfigSpace(knobs, constraints, "family"), ConfigSpace(knobs, constraints)
+    small = lambda configs: sum(config["family"] == "small" for config in configs)
+    assert 12 <= small(space.sample(40, 0)) <= 28 and small(plain.sample(40, 0)) <= 3  # uniform: 1 draw in 100
+    every_small = {c.index for c in space if c["family"] == "small"}
+    rest = space.sample(100, 2, exclude=every_small)
+    assert len(rest) == 100 and small(rest) == 0
+
+
 def test_neighbours_differ_in_exactly_one_knob():
     space = get_space(matmul(256, 256, 256), HOST)
     config = space.get(12345)

@@ -107,7 +107,7 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     # the special dots read the group layout of the packed B, on 16 lanes (or fewer with AVX-512 VL)
     groups_read = lambda isa, pack_b, vec: isa == generic or (pack_b and (vec == 16 or "avx512vl" in target.features))
     if not amx:  # the constraints as they were before AMX: every other target's configs keep their indices
-        return ConfigSpace(knobs, register_block + [(("isa", "pack_b", "vec"), groups_read)])
+        return ConfigSpace(knobs, register_block + [(("isa", "pack_b", "vec"), groups_read)], strata="isa")
 
     def valid(isa, tile_m, tile_n, vec, pack_b, unroll_k):
         """Tiles for AMX, on a packed B, written back on 16 lanes, the k loop not unrolled (the two knobs are fixed
@@ -116,7 +116,7 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
             return pack_b and vec == max(vec_choices) and unroll_k == 1 and tiles_fit(tile_m, tile_n)
         return fits(tile_m, tile_n, vec) and groups_read(isa, pack_b, vec)
 
-    return ConfigSpace(knobs, [(("isa", "tile_m", "tile_n", "vec", "pack_b", "unroll_k"), valid)])
+    return ConfigSpace(knobs, [(("isa", "tile_m", "tile_n", "vec", "pack_b", "unroll_k"), valid)], strata="isa")
 
 
 def isas(target: Target, dtype: str = "bfloat16") -> tuple[str, ...]:
