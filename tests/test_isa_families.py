@@ -70,3 +70,14 @@ def test_the_peak_of_each_family_is_measured_with_its_instruction(family):
         call, ops = peak_call(ONE, family)
         call()
         assert ops == fma_flops * FAMILIES[family][-1] // 2
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_a_matmuls_operand_is_packed_in_groups_by_vector_shuffles(dtype):
+    """B's g rows loaded as vectors and interleaved into the groups at once: no element is moved on its own (a
+    batch_matmul packs at every call)."""
+    workload = batch_matmul(12, 128, 128, 64, dtype=dtype)
+    assembly = generated_assembly(lower(workload, zen4(), fallback_config(workload, zen4())), zen4())
+    pack = assembly[assembly.index("pack_B:"):assembly.index(".Lfunc_end", assembly.index("pack_B:"))]
+    instructions = [line.split()[0] for line in pack.splitlines() if line.startswith("\t") and not line.startswith("\t.")]
+    assert any("zmm" in line for line in pack.splitlines()) and not {"movw", "movb", "movzwl", "movzbl"} & set(instructions)

@@ -200,7 +200,10 @@ class LLVMCodegen:
             elif stmt.kind == "vectorized":
                 if vector is not None:
                     raise CodegenError(f"nested vectorized loops {vector.var} and {stmt.var}")
-                self.stmts(f, stmt.body, _Vector(stmt.var, stmt.extent))
+                if (interleaved := _interleaved(stmt)) is not None:
+                    self.interleaved_copy(f, _Vector(stmt.var, stmt.extent), *interleaved)
+                else:
+                    self.stmts(f, stmt.body, _Vector(stmt.var, stmt.extent))
             else:  # serial, or parallel below the top level / on one thread
                 if vector is not None:
                     raise CodegenError(f"loop {stmt.var} inside vectorized loop {vector.var}")
@@ -291,6 +294,26 @@ class LLVMCodegen:
         tile_product(f.builder, self._extern, op.name, operand(store, c_offset, r), operand(terms[0], a_offset, r),
                      operand(terms[1], b_offset, q), rows.extent, columns.extent, nest.extent)
         f.forget(store.buffer.name)
+
+    def interleaved_copy(self, f: _Function, vector: _Vector, group: Loop, store: Store) -> None:
+        """dst[g·l + j] = src_j[l] for the g unrolled j of `group`, as g vector loads interleaved by one shuffle into
+        a vector g times as wide, stored at once (not g·width single lanes)."""
+        b, g, width = f.builder, group.extent, vector.width
+        parts = []
+        for j in range(g):
+            f.env[group.var] = j
+            parts.append(self.load(f, store.value, vector, raw=True))
+        while len(parts) > 1:  # concatenated pairwise (g is a power of two): [src_0 | src_1 | ...]
+            parts = [b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, 2 * x.type.count), list(range(2 * x.type.count))))
+                     for x, y in zip(parts[::2], parts[1::2])]
+        lanes = [j * width + lane for lane in range(width) for j in range(g)]
+        value = b.shuffle_vector(parts[0], ir.Constant(parts[0].type, ir.Undefined),
+                                 ir.Constant(ir.VectorType(I32, g * width), lanes))
+        f.env[group.var] = 0
+        address = self.address(f, store.buffer, self.index_parts(f, store.buffer.flat(store.index), vector), value.type)
+        del f.env[group.var]
+        f.forget(store.buffer.name)
+        b.store(value, address, align=store.buffer.itemsize)
 
     def store(self, f: _Function, stmt: Store, vector: _Vector | None) -> None:
         b, buffer = f.builder, stmt.buffer
@@ -509,6 +532,22 @@ class LLVMCodegen:
             return scalar if scalar.type.is_opaque else b.bitcast(scalar, typ.as_pointer())
 
         return self._memo(f, ("address", buffer.name, None if symbolic is None else id(symbolic), const, str(typ)), emit)
+
+
+def _interleaved(loop: Loop) -> tuple[Loop, Store] | None:
+    """(the group loop, its store) when a vectorized loop holds only an unrolled loop of g copies dst[.., l, j] =
+    src[.., j, .., l] (same dtype) whose destinations interleave: lane l of copy j at g·l + j."""
+    group = loop.body[0] if len(loop.body) == 1 and isinstance(loop.body[0], Loop) else None
+    if (group is None or group.kind != "unrolled" or group.extent & (group.extent - 1) or len(group.body) != 1
+            or not isinstance(group.body[0], Store)):
+        return None
+    store = group.body[0]
+    offset = store.buffer.flat(store.index)
+    copy = isinstance(store.value, Load) and store.value.buffer.dtype == store.buffer.dtype != "float32"
+    source = store.value.buffer.flat(store.value.index) if copy else None
+    if not copy or (offset.coeff(loop.var), offset.coeff(group.var), source.coeff(loop.var)) != (group.extent, 1, 1):
+        return None
+    return group, store
 
 
 def widen(b: ir.IRBuilder, value, dtype: str):

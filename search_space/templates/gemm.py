@@ -233,9 +233,11 @@ class _Gemm:
         element = lambda k, l: self.b_element(b, k, p0 + l)
         q, l, j = var("q"), var("l"), var("j")
         group = (Loop("j", g, "unrolled", (store(q, l, j, element(q * g + j, l)),)),)
-        # dense reads W's rows along k, matmul B's rows along n: the inner loop follows the source
-        loops = [("l", width), ("q", full)] if self.workload.op == "dense" else [("q", full), ("l", width)]
-        body = [Loop(loops[0][0], loops[0][1], "serial", (Loop(loops[1][0], loops[1][1], "serial", group),))] if full else []
+        # dense reads W's rows along k, each group a copy; matmul B's g rows along n, in vectors whose lanes the
+        # group stores interleave
+        loops = [("l", width, "serial"), ("q", full, "serial")] if self.workload.op == "dense" else \
+            [("q", full, "serial"), ("l", width, "vectorized")]
+        body = [Loop(*loops[0], (Loop(*loops[1], group),))] if full else []
         if rest:
             body.append(Loop("l", width, "serial", tuple(
                 store(full, l, i, element(Affine.of(self.k - rest + i), l) if i < rest else self.zero) for i in range(g))))
