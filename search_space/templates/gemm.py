@@ -14,15 +14,15 @@ Partial sums of a k-block go to a float32 workspace, not through the bfloat16 ou
 int8 (uint8 A × int8 B) sums in int32 registers, exactly. Its packed B holds k in groups of four
 bytes, Bp[n/nr][k/4][nr][4] (AVX-512 VNNI's layout), so a 32-bit lane holds four k: `isa` picks
 each byte widened to int32, multiplied and added (`widen`, any CPU) or VNNI's `vpdpbusd`
-(`avx512vnni`).
+(`avx512vnni`). dense dequantizes as it writes: the int32 sum corrected by the zero point times
+the weights' row sums (summed once, when the weights are bound), scaled to float32, then bias and
+epilogue; partial sums of a k-block wait in an int32 workspace.
 
 Where the CPU has AMX, `isa` may be `amx-bf16` or `amx-int8`: the micro-kernel's block is then a
 few tiles of 16 rows × 16 columns of C (as many as fit the eight tile registers beside one A and
 the B tiles), and its k loop a `tile` nest that the code generator runs as tile loads and
 `tdpbf16ps` / `tdpbusd` products, 32 bf16 or 64 bytes of k a step, from A's rows as they are and
-the packed B's group rows (16 columns × 4 bytes: exactly a tile row). dense dequantizes as it writes: the int32 sum corrected by the zero point times
-the weights' row sums (summed once, when the weights are bound), scaled to float32, then bias and
-epilogue; partial sums of a k-block wait in an int32 workspace.
+the packed B's group rows (16 columns × 4 bytes: exactly a tile row).
 """
 from __future__ import annotations
 
