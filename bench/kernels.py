@@ -14,7 +14,7 @@ import json
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from rich import box
@@ -151,9 +151,11 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
 
 
 def run(quick: bool = False, json_lines: bool = False, trials: int | None = None, only: str | None = None,
-        seed: int = 0, dtype: str = "float32") -> list[dict]:
+        seed: int = 0, dtype: str = "float32", target: str = "llvm") -> list[dict]:
+    """At 1 thread and at the target's threads (all cores unless it says), on the target's CPU and features (the
+    host's, or those a user names or narrows: `llvm -mattr=-amx-tile`)."""
     trials = trials or (10 if quick else 60)
-    host = Target.parse("llvm")
+    host = Target.parse(target)
     thread_counts = sorted({1, host.threads})
     every = [w.in_dtype(dtype) for w in SHAPES if dtype in TEMPLATES[w.op, "llvm"].DTYPES]  # int8 has no conv2d
     shapes = [w for w in every if not only or only in w.key]
@@ -163,7 +165,7 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
     console.print(f"BLAS: {blas_description()}")
     rows = []
     for threads in thread_counts:
-        target = Target.parse(f"llvm -threads={threads}")
+        target = replace(host, threads=threads)
         peaks, launch = family_peaks(target, dtype), launch_microseconds(target)
         rates = ", ".join(f"{family} {peak:.1f}" for family, peak in peaks.items())
         console.print(f"{threads} thread(s): peak rate (GFLOPS) {rates}; a kernel launch from Python costs {launch:.1f} µs")
@@ -207,7 +209,7 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="llvm", help="llvm (both thread counts) or a cuda target")
+    parser.add_argument("--target", default="llvm", help="llvm (1 thread and its threads) or a cuda target")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true", dest="json_lines")
     parser.add_argument("--trials", type=int)
@@ -224,7 +226,7 @@ def main() -> None:
         except (TargetError, NoGpu) as error:
             parser.exit(1, f"error: {error}\n")
     else:
-        run(**args)
+        run(target=target, **args)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def bench_kernels(quick: bool = typer.Option(False, "--quick", help="fewer candi
                   trials: Optional[int] = typer.Option(None, "--trials", help="candidates measured per shape"),
                   only: Optional[str] = typer.Option(None, "--only", help="run the shapes whose key contains this"),
                   seed: int = typer.Option(0, "--seed"),
-                  target: str = typer.Option("llvm", "--target", help="llvm, or cuda: this GPU against cuBLAS"),
+                  target: str = typer.Option("llvm", "--target", help="llvm (e.g. narrowed: 'llvm -mattr=-amx-tile'), "
+                                                                      "or cuda: this GPU against cuBLAS"),
                   dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or int8: beside PyTorch in it "
                                                                        "(CPU only)")):
     """Best config found per shape beside NumPy, PyTorch and the peak FMA rate, at 1 thread and all cores
@@ -91,7 +92,8 @@ def bench_kernels(quick: bool = typer.Option(False, "--quick", help="fewer candi
         return
     from bench.kernels import run
 
-    run(quick=quick, json_lines=json_lines, trials=trials, only=only, seed=seed, dtype=dtype)
+    parse_target(target)
+    run(quick=quick, json_lines=json_lines, trials=trials, only=only, seed=seed, dtype=dtype, target=target)
 
 
 @bench_app.command("workers")

@@ -46,6 +46,20 @@ def test_bench_kernels_in_bfloat16_against_pytorchs_bfloat16():
     assert refused.exit_code == 2 and "unknown dtype 'int4'; known: float32, bfloat16, int8" in refused.output
 
 
+def test_bench_kernels_on_a_narrowed_target_keeps_to_its_features():
+    """`--target 'llvm -mattr=-...'` narrows the host at both thread counts: here to bfloat16's generic family, on
+    any host; a feature LLVM does not know ends the command in one line."""
+    narrowed = "llvm -mattr=-avx512bf16,-amx-tile"
+    result = CliRunner().invoke(app, ["bench", "kernels", "--quick", "--json", "--trials", "2", "--dtype", "bfloat16",
+                                      "--only", "dense(M=128,N=768,K=768", "--target", narrowed])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert rows and {row["family"] for row in rows} == {"fma"}
+    assert not any("avx512bf16" in row["target"] or "amx-tile" in row["target"] for row in rows)
+    refused = CliRunner().invoke(app, ["bench", "kernels", "--target", "llvm -mattr=-avx513f"])
+    assert refused.exit_code == 1 and "unknown feature 'avx513f'" in refused.output
+
+
 def test_bench_kernels_table_keeps_whole_workload_labels_at_80_columns(capsys, monkeypatch):
     """The table once cut every workload to `matmul(M=5…` at 80 columns; the rows are its own shapes, the
     figures as wide as they come."""
