@@ -72,8 +72,7 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     batch, m, n, k = _dims(workload)
     vec_choices = tuple(v for v in (4, 8, 16) if v * 32 <= target.vector_bits)
     parallel = ("none",) if target.threads == 1 else ("none", "m", "n") + (("b",) if workload.op == "batch_matmul" else ())
-    families = isas(target, workload.dtype) if workload.dtype in FAMILIES else ("",)
-    amx = families[-1] in AMX
+    amx = workload.dtype in FAMILIES and isas(target, workload.dtype)[-1] in AMX
     knobs = [
         Knob("tile_m", "split", _splits(m, MR_CHOICES + (AMX_MR_CHOICES if amx else ()))),
         Knob("tile_n", "split", _splits(n, tuple(c for c in NR_CHOICES if c <= max(64, n)) if n >= 4 else (4,))),
@@ -103,7 +102,7 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     if workload.dtype not in FAMILIES:
         return ConfigSpace(knobs, register_block)
     generic = FAMILIES[workload.dtype][0]
-    knobs.append(Knob("isa", "annotate", families))
+    knobs.append(Knob("isa", "annotate", isas(target, workload.dtype)))
     # the special dots read the group layout of the packed B, on 16 lanes (or fewer with AVX-512 VL)
     groups_read = lambda isa, pack_b, vec: isa == generic or (pack_b and (vec == 16 or "avx512vl" in target.features))
     if not amx:  # the constraints as they were before AMX: every other target's configs keep their indices
