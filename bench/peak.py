@@ -12,7 +12,7 @@ from llvmlite import ir
 from search_space import Target
 from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, Program, Stage, var
 from workers import compile_program
-from workers.llvm_amx import AMX, PRODUCTS
+from workers.llvm_amx import AMX, intrinsics
 from workers.kernel import cfunc
 from workers.llvm_jit import compile_module
 from workers.timing import time_samples
@@ -68,12 +68,10 @@ def tile_peak_module(family: str) -> ir.Module:
     """`void peak(ptr tiles)`: TILE_ITERATIONS times, four tile products into four C tiles from two A and two B
     tiles loaded once (each product depends on the last into its C, four apart: enough to keep the unit busy)."""
     module = ir.Module(name=f"peak_{family}")
-    i16, i64, ptr = ir.IntType(16), ir.IntType(64), ir.PointerType()
-    declare = lambda name, ret, args: ir.Function(module, ir.FunctionType(ret, args), name)
-    load = declare("llvm.x86.tileloadd64.internal", AMX, [i16, i16, ptr, i64])
-    store = declare("llvm.x86.tilestored64.internal", ir.VoidType(), [i16, i16, ptr, i64, AMX])
-    dot = declare(PRODUCTS[TILE_PRODUCTS[family][0]][1], AMX, [i16, i16, i16, AMX, AMX, AMX])
-    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr]), "peak")
+    i16, i64 = ir.IntType(16), ir.IntType(64)
+    load, store, dot = intrinsics(lambda name, ret, args: ir.Function(module, ir.FunctionType(ret, args), name),
+                                  TILE_PRODUCTS[family][0])
+    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()]), "peak")
     b = ir.IRBuilder(function.append_basic_block("entry"))
     sixteen, row = ir.Constant(i16, 16), ir.Constant(i16, 64)
     tile = lambda n: b.gep(function.args[0], [ir.Constant(i64, 1024 * n)], source_etype=ir.IntType(8))

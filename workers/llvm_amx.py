@@ -46,6 +46,14 @@ class Operand:
     stride: int
 
 
+def intrinsics(declare, product: str) -> tuple[ir.Function, ir.Function, ir.Function]:
+    """The tile load, the tile store and `product`'s tile product (shapes first: rows, bytes a row), declared
+    through `declare(name, ret, args)`."""
+    return (declare("llvm.x86.tileloadd64.internal", AMX, [I16, I16, PTR, I64]),
+            declare("llvm.x86.tilestored64.internal", ir.VoidType(), [I16, I16, PTR, I64, AMX]),
+            declare(PRODUCTS[product][1], AMX, [I16, I16, I16, AMX, AMX, AMX]))
+
+
 def _uniform(extent: int, size: int) -> list[tuple[int, int, int]]:
     """(first, size, count): runs of equal spans covering `extent`, the whole ones then the rest."""
     spans = [(start, min(size, extent - start)) for start in range(0, extent, size)]
@@ -85,9 +93,7 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
     c, a, bp = function.args
     b = ir.IRBuilder(function.append_basic_block("entry"))
     word, long = (lambda n: ir.Constant(I16, n)), (lambda n: ir.Constant(I64, n))
-    load = declare("llvm.x86.tileloadd64.internal", AMX, [I16, I16, PTR, I64])
-    store = declare("llvm.x86.tilestored64.internal", ir.VoidType(), [I16, I16, PTR, I64, AMX])
-    dot = declare(PRODUCTS[product][1], AMX, [I16, I16, I16, AMX, AMX, AMX])
+    load, store, dot = intrinsics(declare, product)
     tile_at = lambda base, offset, rows, row_bytes, stride: b.call(load, [word(rows), word(row_bytes), b.gep(
         base, [offset], source_etype=I8), long(stride)])
     c_tile = lambda i, j: (c, long(i * TILE * c_stride + 4 * TILE * j))
