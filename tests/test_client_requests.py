@@ -31,10 +31,13 @@ def test_a_fallback_met_by_two_clients_is_one_job_that_runs_and_the_next_client_
     url, port, workload = f"sqlite:///{tmp_path}/requests.db", free_port(), matmul(32, 32, 32)
     env = {**os.environ, "TENSORTUNE_TOKEN": "s3cret"}
     server = start(url, port, env, options=("--client-trials", "4"))
-    service, cache = f"http://127.0.0.1:{port}", tmp_path / "cache.json"
+    service = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(2):
-            client = run_client(service, cache, TARGET, [workload], env)
+        # at once: one after the other, the second may start after the job is done (4 trials) and build its config
+        with ThreadPoolExecutor(2) as pool:
+            clients = list(pool.map(lambda i: run_client(service, tmp_path / f"cache{i}.json", TARGET, [workload], env),
+                                    range(2)))
+        for client in clients:
             assert client["configs"] == [fallback_config(workload, TARGET).index]
             assert client["warnings"] == [fallback_text(workload, TARGET)]  # reported without a word
         with httpx.Client(base_url=service) as api:
@@ -45,7 +48,7 @@ def test_a_fallback_met_by_two_clients_is_one_job_that_runs_and_the_next_client_
             assert job_in(api, job["id"], ("done", "failed"), 300)["status"] == "done"
         with Database(url) as database:
             best = database.best(workload, TARGET)[0].input.config.index
-        tuned = run_client(service, cache, TARGET, [workload], env)
+        tuned = run_client(service, tmp_path / "cache0.json", TARGET, [workload], env)
         assert tuned["configs"] == [best] and tuned["warnings"] == []
         assert httpx.get(f"{service}/api/requests").json()[0]["times_asked"] == 2  # tuned: not asked again
     finally:
