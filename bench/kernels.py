@@ -1,7 +1,7 @@
 """`tensortune bench kernels`: the best config found per shape beside NumPy (OpenBLAS), PyTorch CPU and
 the peak FMA rate, all measured in this run, at 1 thread and at all cores. With `--dtype bfloat16` the shapes
 are in bfloat16, beside PyTorch's bfloat16 (oneDNN) and the peak of the instruction family each best config
-uses. With `--dtype int8`, the GEMM shapes in uint8 × int8 beside PyTorch's int8 (quantized linear, `_int_mm`)
+uses. With `--dtype int8`, the shapes in uint8 × int8 beside PyTorch's int8 (quantized linear and convolution, `_int_mm`)
 and VNNI's peak where a best config uses it (GFLOPS are then integer operations a second).
 
 The search here is the template's fallback, a random sample of the space, then greedy descent
@@ -157,7 +157,7 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
     trials = trials or (10 if quick else 60)
     host = Target.parse(target)
     thread_counts = sorted({1, host.threads})
-    every = [w.in_dtype(dtype) for w in SHAPES if dtype in TEMPLATES[w.op, "llvm"].DTYPES]  # int8 has no conv2d
+    every = [w.in_dtype(dtype) for w in SHAPES if dtype in TEMPLATES[w.op, "llvm"].DTYPES]
     shapes = [w for w in every if not only or only in w.key]
     if quick:
         shapes = [w for w in shapes if w in (every[1], every[2], every[5])] or shapes

@@ -16,10 +16,13 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 DTYPES = ("float32", "bfloat16", "int8")  # bfloat16: bf16 operands and output, summed in float32; int8: below
 # int8: uint8 activations × int8 weights summed in int32 (exact). matmul and batch_matmul return the int32 sums; dense
-# dequantizes them as PyTorch's dynamic quantized linear does, to float32: (Σ X·W − x_zero·Σ_k W) · x_scale · w_scale[n]
-# + bias, then the epilogue (the weights symmetric, zero point 0, scaled per output channel or all alike)
-INT8_OPERANDS = {"A": "uint8", "X": "uint8", "B": "int8", "W": "int8", "x_zero": "int32"}  # the rest are float32
-INT8_DENSE_EXTRAS = lambda p: [("x_scale", (1,)), ("x_zero", (1,)), ("w_scale", (p["N"],))]
+# and conv2d dequantize them as PyTorch's quantized linear and convolution do, to float32: (Σ X·W − x_zero·Σ W) ·
+# x_scale · w_scale[channel] + bias (+ residual), then the epilogue (the weights symmetric, zero point 0, scaled per
+# output channel or all alike; conv2d's padding is x_zero, the quantized 0.0)
+INT8_OPERANDS = {"A": "uint8", "X": "uint8", "data": "uint8", "B": "int8", "W": "int8", "weight": "int8",
+                 "x_zero": "int32"}  # the rest are float32
+DEQUANTIZED = {"dense": "N", "conv2d": "K"}  # the ops int8 dequantizes, and the dimension of their output channels
+INT8_EXTRAS = lambda op, p: [("x_scale", (1,)), ("x_zero", (1,)), ("w_scale", (p[DEQUANTIZED[op]],))]
 MAX_DIM = 1 << 16
 MAX_ELEMENTS = 1 << 28  # 1 GiB of float32 per operand
 ACCUMULATION_EPS = float(np.finfo(np.float32).eps)  # every dtype's products are summed in float32
@@ -143,7 +146,7 @@ OPS: dict[str, OpSpec] = {
         _conv2d_reference,
         lambda p: p["C"] * p["R"] * p["S"],
         minimums={"pad": 0},
-        weights=("weight", "bias"),
+        weights=("weight", "bias", "w_scale"),  # w_scale: int8's
         check=_conv2d_check,
     ),
 }
@@ -250,7 +253,7 @@ class Workload:
 
     def operand_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Names and shapes of the inputs, in call order."""
-        extras = INT8_DENSE_EXTRAS(self.p) if self.dtype == "int8" and self.op == "dense" else []
+        extras = INT8_EXTRAS(self.op, self.p) if self.dtype == "int8" and self.op in DEQUANTIZED else []
         return self.spec.operand_shapes(self.p) + extras
 
     def operand_dtype(self, name: str) -> str:
@@ -320,20 +323,27 @@ class Workload:
 
 
 def output_dtype(op: str, dtype: str) -> str:
-    """The dtype an op of `dtype` returns: its own, but int8's int32 sums, which dense dequantizes to float32."""
+    """The dtype an op of `dtype` returns: its own, but int8's int32 sums, which dense and conv2d dequantize to
+    float32."""
     if dtype != "int8":
         return dtype
-    return "float32" if op == "dense" else "int32"
+    return "float32" if op in DEQUANTIZED else "int32"
 
 
 def _int8_reference(workload: Workload, inputs) -> np.ndarray:
-    """The exact int32 sums; dense's dequantized (in float64, rounded once to float32)."""
+    """The exact int32 sums; dense's and conv2d's dequantized: the product of the activation less its zero point
+    (conv2d's padding is then 0) and the weights, in float64, scaled per output channel, the bias and residual
+    added, rounded once to float32."""
     named = {name: np.asarray(a, np.float64) for (name, _), a in zip(workload.operand_shapes(), inputs)}
-    if workload.op != "dense":
-        return workload.spec.reference(workload.p, *named.values()).astype(np.int32)
-    sums = named["X"] @ named["W"].T - named["x_zero"] * named["W"].sum(axis=1)
-    y = sums * (named["x_scale"] * named["w_scale"]) + named.get("bias", 0.0)
-    return _epilogue(y, workload.p["epilogue"]).astype(np.float32)
+    p = workload.p
+    if workload.op not in DEQUANTIZED:
+        return workload.spec.reference(p, *named.values()).astype(np.int32)
+    activation, weight = list(named.values())[:2]
+    plain = p | {name: False for name in ("bias", "residual") if name in p} | {"epilogue": "none"}
+    sums = workload.spec.reference(plain, activation - named["x_zero"], weight)
+    per_channel = (lambda v: v) if workload.op == "dense" else (lambda v: v[:, None, None])  # on the output's axis 1
+    y = sums * per_channel(named["x_scale"] * named["w_scale"]) + per_channel(named.get("bias", np.zeros(1)))
+    return _epilogue(y + named.get("residual", 0.0), p["epilogue"]).astype(np.float32)
 
 
 def parse_params(pairs: list[str]) -> dict:

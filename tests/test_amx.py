@@ -5,7 +5,7 @@ the host has AMX, they compute their dtype's reference and the tile peak is meas
 import pytest
 
 from bench.peak import peak_gflops, tile_peak_module
-from search_space import Target, batch_matmul, dense, fallback_config, get_space, host_target, lower, matmul
+from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target, lower, matmul
 from search_space.templates.gemm import FAMILIES as GEMM_FAMILIES, TILE, TILE_REGISTERS, isas
 from workers.build import generated_assembly
 from workers.llvm_codegen import CodegenError, generate
@@ -41,6 +41,9 @@ def test_the_amx_family_is_offered_only_where_the_target_has_amx(family):
         assert family not in get_space(workload, narrowed).knobs["isa"].candidates
     float32 = get_space(dense(128, 768, 768), SAPPHIRE)
     assert "isa" not in float32.knobs and max(r for _, _, r in float32.knobs["tile_m"].candidates) == 16
+    # conv2d has no tile family: the vector ones only
+    assert get_space(conv2d(1, 64, 14, 14, 64, 3, 3, 1, 1, dtype=dtype), SAPPHIRE).knobs["isa"].candidates == \
+        (GEMM_FAMILIES[dtype][0], below)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

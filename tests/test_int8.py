@@ -1,5 +1,5 @@
 """int8 kernels: uint8 × int8 summed in int32, exactly, for every config of the int8 spaces on awkward shapes; dense
-dequantized as PyTorch's quantized linear does; each instruction family (bytes widened, or VNNI's vpdpbusd) chosen
+and conv2d dequantized as PyTorch's quantized linear and convolution do; each instruction family (bytes widened, or VNNI's vpdpbusd) chosen
 from the target's features, emitting its instructions on every host (assembly) and run where the host has it."""
 import json
 
@@ -28,7 +28,7 @@ AVX512_VNNI = zen4("avx512vnni")
 
 
 @PROPERTY
-@given(workloads("int8", ("matmul", "dense", "batch_matmul")), st.integers(0, 2**31 - 1))
+@given(workloads("int8", ("matmul", "dense", "batch_matmul", "conv2d")), st.integers(0, 2**31 - 1))
 def test_every_config_of_an_int8_space_computes_the_exact_reference(workload, pick):
     space = get_space(workload, HOST)
     check(workload, HOST, space.get(pick % space.size))
@@ -42,6 +42,12 @@ def test_the_operands_and_the_output_of_each_op():
     assert dense(2, 3, 4, dtype="int8").output_dtype == "float32"
     assert matmul(2, 3, 4, dtype="int8").output_dtype == batch_matmul(1, 2, 3, 4, dtype="int8").output_dtype == "int32"
     assert dense(2, 3, 4, dtype="int8").weight_names() == ("W", "w_scale")
+    conv = conv2d(1, 3, 8, 8, 5, 3, 3, 1, 1, bias=True, residual=True, dtype="int8")
+    assert [(name, shape, conv.operand_dtype(name)) for name, shape in conv.operand_shapes()] == [
+        ("data", (1, 3, 8, 8), "uint8"), ("weight", (5, 3, 3, 3), "int8"), ("bias", (5,), "float32"),
+        ("residual", (1, 5, 8, 8), "float32"), ("x_scale", (1,), "float32"), ("x_zero", (1,), "int32"),
+        ("w_scale", (5,), "float32")]
+    assert conv.output_dtype == "float32" and conv.weight_names() == ("weight", "bias", "w_scale")
     assert Workload.from_key("matmul(M=4,N=4,K=4,dtype=int8)") == matmul(4, 4, 4, dtype="int8")
 
 
@@ -92,15 +98,49 @@ def test_dense_matches_pytorchs_quantized_linear():
     assert np.allclose(ours, theirs.numpy(), atol=1e-4, rtol=1e-5)
 
 
+def test_a_bound_conv2d_pads_with_each_calls_zero_point():
+    """conv2d's padding is the zero point a call brings (the quantized 0.0): at x_zero 0 and 255 alike the padded
+    border computes what a float32 convolution of the dequantized image with zero padding does; the weights'
+    sums are taken once, when they are bound."""
+    workload = conv2d(1, 5, 9, 8, 6, 3, 3, 2, 2, bias=True, epilogue="relu", dtype="int8")
+    data, weight, bias, x_scale, x_zero, w_scale = workload.random_inputs(seed=4)
+    bound = build(workload, HOST).bind(weight=weight, bias=bias, w_scale=w_scale)
+    for zero in (0, 255, int(x_zero[0])):
+        zero = np.array([zero], np.int32)
+        out = bound(data, x_scale, zero)
+        wide = conv2d(1, 5, 9, 8, 6, 3, 3, 2, 2, bias=True, epilogue="relu")
+        dequantized = (data.astype(np.float32) - zero) * x_scale
+        expected = wide.reference(dequantized, weight * w_scale[:, None, None, None], bias)
+        assert np.allclose(out, expected, atol=1e-4, rtol=1e-5), zero
+    assert np.any(out > 0) and np.all(out >= 0)
+
+
+def test_conv2d_matches_pytorchs_quantized_convolution():
+    """The same activations and per-channel weights through torch.ops.quantized.conv2d: its output, requantized
+    to a step of s, is ours to within s/2 (7-bit activations, as for dense: fbgemm's AVX2 path saturates)."""
+    workload = conv2d(1, 16, 10, 10, 24, 3, 3, 1, 1, bias=True, dtype="int8")
+    data, weight, bias, x_scale, x_zero, w_scale = workload.random_inputs(seed=8)
+    data, x_zero = data // 2, x_zero // 2
+    ours = build(workload, HOST)(data, weight, bias, x_scale, x_zero, w_scale)
+    qw = torch._make_per_channel_quantized_tensor(torch.from_numpy(weight),
+                                                  torch.from_numpy(w_scale.astype(np.float64)),
+                                                  torch.zeros(24, dtype=torch.int64), 0)
+    packed = torch.ops.quantized.conv2d_prepack(qw, torch.from_numpy(bias), [1, 1], [1, 1], [1, 1], 1)
+    qx = torch._make_per_tensor_quantized_tensor(torch.from_numpy(data), float(x_scale[0]), int(x_zero[0]))
+    step = float(np.abs(ours).max()) / 100
+    theirs = torch.ops.quantized.conv2d(qx, packed, step, 128).dequantize().numpy()
+    assert np.abs(ours - theirs).max() <= step / 2 * 1.001 and np.abs(ours).max() > 0.1
+
+
 def test_int8_is_refused_where_no_template_computes_it():
-    with pytest.raises(NoTemplate, match="computes in float32, bfloat16, not int8"):
-        get_space(conv2d(1, 8, 8, 8, 8, 3, 3, dtype="int8"), HOST)
     with pytest.raises(NoTemplate, match="computes in float32, not int8"):
         get_space(dense(64, 64, 64, dtype="int8"), Target.parse("cuda -arch=sm_90"))
 
 
 @pytest.mark.parametrize("workload", [dense(32, 64, 96, dtype="int8"), matmul(32, 64, 96, dtype="int8"),
-                                      batch_matmul(2, 32, 64, 96, dtype="int8")])
+                                      batch_matmul(2, 32, 64, 96, dtype="int8"),
+                                      conv2d(1, 16, 14, 14, 16, 3, 3, 1, 1, True, True, "relu", dtype="int8"),
+                                      conv2d(1, 8, 9, 9, 8, 3, 3, epilogue="gelu", dtype="int8")])
 def test_pytorchs_int8_runs_beside_ours(workload):
     """bench kernels' and tune's reference: PyTorch in int8 on the same inputs (the weights prepacked)."""
     inputs = workload.random_inputs()

@@ -6,7 +6,7 @@ dtype's reference, and has its peak measured, where the host has it."""
 import pytest
 
 from bench.peak import FAMILIES, peak_call, peak_program
-from search_space import Target, batch_matmul, dense, fallback_config, get_space, host_target, lower, matmul
+from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target, lower, matmul
 from search_space.templates.gemm import isas
 from workers.build import generated_assembly
 from tests.isa_helpers import assert_every_width_emits, assert_refused_without, check, configs_using, zen4
@@ -16,7 +16,8 @@ ONE = Target.parse("llvm -threads=1")
 SPECIAL = {"avx512bf16": ("bfloat16", "vdpbf16ps", "dot2_bf16", "fma", "vfmadd"),
            "avx512vnni": ("int8", "vpdpbusd", "dot4_vnni", "widen", "vpmulld")}
 ODD_SHAPES = lambda dtype: [dense(33, 100, 77, bias=True, epilogue="gelu", dtype=dtype),
-                            batch_matmul(3, 17, 42, 31, dtype=dtype), matmul(64, 64, 3072, dtype=dtype)]
+                            batch_matmul(3, 17, 42, 31, dtype=dtype), matmul(64, 64, 3072, dtype=dtype),
+                            conv2d(1, 19, 9, 11, 21, 3, 3, 2, 1, bias=True, residual=True, epilogue="relu", dtype=dtype)]
 
 
 def on_host(family: str):
@@ -49,6 +50,23 @@ def test_each_family_emits_its_instructions_on_any_host(family):
     assembly = generated_assembly(lower(workload, target, widened), target)
     assert instruction not in assembly and generic_instruction in assembly
     assert_every_width_emits(batch_matmul(3, 17, 42, 31, dtype=dtype), target, family, instruction)
+    assert_refused_without(workload, target, dot, family)
+
+
+@pytest.mark.parametrize("family", list(SPECIAL))
+def test_a_convolution_reads_its_channels_in_the_familys_groups(family):
+    """conv2d in bfloat16 / int8: the fallback of a target with the feature runs its dot on 512-bit vectors, every
+    vector width emits it, the generic family never does, and a target without the feature is refused it."""
+    dtype, instruction, dot, generic, generic_instruction = SPECIAL[family]
+    target, workload = zen4(family), conv2d(1, 64, 14, 14, 64, 3, 3, 1, 1, bias=True, dtype=dtype)
+    special = fallback_config(workload, target)
+    assert get_space(workload, target).knobs["isa"].candidates == (generic, family) == isas(target, dtype)
+    assembly = generated_assembly(lower(workload, target, special), target)
+    assert special["isa"] == family and sum(instruction in line and "zmm" in line for line in assembly.splitlines()) >= 32
+    widened = get_space(workload, target).config(special.to_dict() | {"isa": generic})
+    assembly = generated_assembly(lower(workload, target, widened), target)
+    assert instruction not in assembly and generic_instruction in assembly
+    assert_every_width_emits(ODD_SHAPES(dtype)[-1], target, family, instruction)
     assert_refused_without(workload, target, dot, family)
 
 

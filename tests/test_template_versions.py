@@ -65,6 +65,15 @@ def test_every_template_is_covered():
             assert template_version(workload, target) == template(workload, target).VERSION >= 1
 
 
+def test_a_dtype_whose_configs_changed_alone_is_versioned_apart():
+    """bfloat16 convolutions gained the `isa` knob and grouped layouts: their records are of another version, while
+    float32's code (hashed above) and so its records are as they were."""
+    workload = conv2d(1, 16, 14, 14, 32, 3, 3, 1, 1)
+    assert template_version(workload, CPU) == 1
+    assert template_version(workload.in_dtype("bfloat16"), CPU) == 2 and "isa" in get_space(
+        workload.in_dtype("bfloat16"), CPU).knobs
+
+
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_generated_code_matches_the_hash_of_the_templates_version(name):
     target, (workload, *_) = WORKLOADS[name]

@@ -69,27 +69,53 @@ def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Calla
 
 
 def int8_calls(workload: Workload, threads: int, inputs, torch) -> dict[str, Callable]:
-    """PyTorch's int8 products: dense by its quantized linear (uint8 activations, int8 weights scaled per
-    channel, prepacked; its output requantized to uint8, ours dequantized to float32), matmul by `torch._int_mm`
-    (int8 × int8 → int32: A shifted by 128 into int8, the same work), batch_matmul by it once per batch."""
+    """PyTorch's int8 products: dense by its quantized linear and conv2d by its quantized convolution (uint8
+    activations, int8 weights scaled per channel, prepacked; their outputs requantized to uint8, ours dequantized to
+    float32), matmul by `torch._int_mm` (int8 × int8 → int32: A shifted by 128 into int8, the same work),
+    batch_matmul by it once per batch."""
     torch.set_num_threads(threads)
     named = dict(zip((name for name, _ in workload.operand_shapes()), inputs))
-    if workload.op == "dense":
-        with warnings.catch_warnings():  # PyTorch 2.13 deprecates its quantized tensors, though its linear takes them
+    if workload.op in ("dense", "conv2d"):
+        activation, weight = inputs[:2]
+        with warnings.catch_warnings():  # PyTorch 2.13 deprecates its quantized tensors, though its ops take them
             warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
             weights = torch._make_per_channel_quantized_tensor(
-                torch.from_numpy(named["W"]), torch.from_numpy(named["w_scale"].astype(np.float64)),
-                torch.zeros(workload.p["N"], dtype=torch.int64), 0)
-            x = torch._make_per_tensor_quantized_tensor(torch.from_numpy(named["X"]), float(named["x_scale"][0]),
+                torch.from_numpy(weight), torch.from_numpy(named["w_scale"].astype(np.float64)),
+                torch.zeros(len(weight), dtype=torch.int64), 0)
+            x = torch._make_per_tensor_quantized_tensor(torch.from_numpy(activation), float(named["x_scale"][0]),
                                                         int(named["x_zero"][0]))
-        packed = torch.ops.quantized.linear_prepack(weights, None)
-        return {"torch": lambda: torch.ops.quantized.linear(x, packed, 0.05, 128)}
+        if workload.op == "dense":
+            packed = torch.ops.quantized.linear_prepack(weights, None)
+            return {"torch": lambda: torch.ops.quantized.linear(x, packed, 0.05, 128)}
+        return {"torch": quantized_conv2d(workload.p, x, weights, named, torch)}
     signed = lambda a: torch.from_numpy((a.astype(np.int16) - 128).astype(np.int8)) if a.dtype == np.uint8 else \
         torch.from_numpy(a)
     a, b = signed(inputs[0]), signed(inputs[1])
     if workload.op == "matmul":
         return {"torch": lambda: torch._int_mm(a, b)}
     return {"torch": lambda: [torch._int_mm(a[i], b[i]) for i in range(len(a))]}
+
+
+def quantized_conv2d(p: dict, x, weights, named: dict, torch) -> Callable:
+    """PyTorch's int8 convolution as a quantized model runs it: channels-last activations (fbgemm's own layout: its
+    fastest), the bias and a relu fused (quantized::conv2d_relu), the residual added to the requantized output by
+    quantized::add (or add_relu); another epilogue on the dequantized output, an operator of its own."""
+    ops = torch.ops.quantized
+    bias = torch.from_numpy(named["bias"]) if p["bias"] else None
+    packed = ops.conv2d_prepack(weights, bias, [p["stride"]] * 2, [p["pad"]] * 2, [1, 1], 1)
+    x = x.contiguous(memory_format=torch.channels_last)
+    relu = p["epilogue"] == "relu"
+    conv = lambda: (ops.conv2d_relu if relu and not p["residual"] else ops.conv2d)(x, packed, 0.05, 128)
+    if p["residual"]:
+        residual = torch.quantize_per_tensor(torch.from_numpy(named["residual"]), 0.05, 128, torch.quint8)
+        residual = residual.contiguous(memory_format=torch.channels_last)
+        add = ops.add_relu if relu else ops.add
+        call = lambda: add(conv(), residual, 0.05, 128)
+    else:
+        call = conv
+    if p["epilogue"] in ("none", "relu"):
+        return call
+    return lambda: torch_epilogue(p["epilogue"])(call().dequantize())
 
 
 def reference_name(name: str, workload: Workload) -> str:

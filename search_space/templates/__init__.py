@@ -38,8 +38,9 @@ def template(workload: Workload, target: Target) -> ModuleType:
 
 def template_version(workload: Workload, target: Target | str = "llvm") -> int:
     """The version of the template a config of this workload is lowered by: records of another version are
-    configs of other code, never applied."""
-    return template(workload, Target.parse(target)).VERSION
+    configs of other code, never applied. A template may version a dtype's configs apart (DTYPE_VERSIONS)."""
+    found = template(workload, Target.parse(target))
+    return getattr(found, "DTYPE_VERSIONS", {}).get(workload.dtype, found.VERSION)
 
 
 @lru_cache(maxsize=256)

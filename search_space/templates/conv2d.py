@@ -7,27 +7,44 @@ positions of one row, kb output channels as kb/vec vectors) in registers over th
 weights, owr broadcasts of data and owr·kb/vec vector FMAs: GEMM's micro-kernel with the output
 width as rows and the output channels as columns. Bias, residual and the epilogue are applied as
 the block is written to the NCHW output.
+
+bfloat16 and int8 read their channels in the GEMM template's groups (2 bfloat16 or 4 bytes to a 32-bit lane):
+the packed weights hold each group of a channel block adjacent, Wk[..][cb/g][kb][g], so that a group of the
+data's adjacent channels, broadcast, meets a vector of kb channels' groups, and the `isa` knob picks the GEMM
+template's dot for them (widened, or AVX-512 BF16's / VNNI's). A block of channels that is not whole groups
+is zero-padded to them. int8 (uint8 data, int8 weights) pads the image with the zero point, sums exactly in
+int32 and dequantizes as it writes, as dense does.
 """
 from __future__ import annotations
 
 import itertools
 
-from ..program import Affine, Buffer, Call, Const, Loop, Op, Program, Stage, tile_nest, tiled, var
+from ..program import ITEMSIZE, Affine, Buffer, Call, Const, Loop, Op, Program, Stage, tile_nest, tiled, var
 from ..space import Config, ConfigSpace, Knob
 from ..target import Target
 from ..workload import Workload, conv2d_output
+from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
-from .gemm import UNROLL_CHOICES
+from .gemm import AMX, DOTS, FAMILIES, UNROLL_CHOICES, isas
+from .gemm_operands import input_buffers
 
 VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
-DTYPES = ("float32", "bfloat16")
+DTYPE_VERSIONS = {"bfloat16": 2}  # bfloat16's configs gained the `isa` knob and its grouped layouts; float32's did not
+DTYPES = ("float32", "bfloat16", "int8")
 OWR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 28)
 KB_VECTORS = (1, 2, 3, 4)
 
 
-def _channel_blocks(c: int) -> tuple[int, ...]:
-    """Input channel blocks: the divisors of C up to 64 (so no block has a tail)."""
-    return tuple(b for b in range(1, min(c, 64) + 1) if c % b == 0)
+def _channel_blocks(c: int, group: int) -> tuple[int, ...]:
+    """Input channel blocks: the divisors of C up to 64 (so no block has a tail), in whole groups where any
+    divisor is (else the largest, padded to whole groups)."""
+    blocks = tuple(b for b in range(1, min(c, 64) + 1) if c % b == 0)
+    return tuple(b for b in blocks if b % group == 0) or blocks[-1:]
+
+
+def _group(workload: Workload) -> int:
+    """The channels a 32-bit lane of the packed operands holds: 2 in bfloat16, 4 in int8, else 1."""
+    return 4 // ITEMSIZE[workload.operand_dtype("data")] if workload.dtype in FAMILIES else 1
 
 
 def space(workload: Workload, target: Target) -> ConfigSpace:
@@ -39,7 +56,7 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     knobs = [
         Knob("tile_k", "split", tuple((-1, kb) for kb in kb_choices)),
         Knob("tile_ow", "split", tuple((-1, r) for r in OWR_CHOICES if r <= ow) or ((-1, 1),)),
-        Knob("tile_c", "split", tuple((-1, cb) for cb in _channel_blocks(p["C"]))),
+        Knob("tile_c", "split", tuple((-1, cb) for cb in _channel_blocks(p["C"], _group(workload)))),
         Knob("vec", "annotate", vec_choices),
         Knob("unroll_c", "annotate", UNROLL_CHOICES),
         Knob("order", "reorder", tuple(itertools.permutations(("ko", "oh", "owo")))),
@@ -54,7 +71,14 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
         kb, owr = tile_k[1], tile_ow[1]
         return kb % vec == 0 and kb // vec <= 4 and owr * (kb // vec) + kb // vec + 1 <= registers
 
-    return ConfigSpace(knobs, [(("tile_k", "tile_ow", "vec"), fits)])
+    register_block = [(("tile_k", "tile_ow", "vec"), fits)]
+    if workload.dtype not in FAMILIES:
+        return ConfigSpace(knobs, register_block)
+    families = tuple(family for family in isas(target, workload.dtype) if family not in AMX)
+    knobs.append(Knob("isa", "annotate", families))
+    # the special dots on 16 lanes, or fewer with AVX-512 VL
+    reads = lambda isa, vec: isa == families[0] or vec == 16 or "avx512vl" in target.features
+    return ConfigSpace(knobs, register_block + [(("isa", "vec"), reads)], strata="isa")
 
 
 def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
@@ -69,6 +93,8 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     parallel = "n" if p["N"] > 1 else "h" if data_floats > p["K"] * p["C"] * p["R"] * p["S"] else "k"
     want = {"tile_k": (-1, 2 * vec), "tile_ow": (-1, 6), "tile_c": (-1, 16), "vec": vec, "unroll_c": 4,
             "order": ("ko", "oh", "owo"), "reduce_order": ("co", "r", "s"), "parallel": parallel, "write": "rows"}
+    if "isa" in space_.knobs:
+        want["isa"] = space_.knobs["isa"].candidates[-1]
     return space_.nearest(want)
 
 
@@ -86,25 +112,36 @@ class _Conv2d:
         self.kb, self.owr, self.cb = config["tile_k"][1], config["tile_ow"][1], config["tile_c"][1]
         self.vec, self.unroll = config["vec"], config["unroll_c"]
         self.parallel = config["parallel"] if target.threads > 1 else "none"
-        shapes = dict(workload.operand_shapes())
-        dtype = workload.dtype  # operands and packed copies in it; the accumulators in float32
-        self.data = Buffer("data", shapes["data"], "input", dtype)
-        self.weight = Buffer("weight", shapes["weight"], "input", dtype)
-        self.bias = Buffer("bias", shapes["bias"], "input", dtype) if p["bias"] else None
-        self.residual = Buffer("residual", shapes["residual"], "input", dtype) if p["residual"] else None
-        self.out = Buffer("out", workload.output_shape, "output", dtype)
+        self.isa = dict(config.values).get("isa")
+        self.inputs = input_buffers(workload)  # operands and packed copies in their dtypes; the sums in float32 or int32
+        self.data, self.weight = self.inputs["data"], self.inputs["weight"]
+        self.bias, self.residual = self.inputs.get("bias"), self.inputs.get("residual")
+        self.out = Buffer("out", workload.output_shape, "output", workload.output_dtype)
+        self.quantized = workload.dtype == "int8"
+        self.zero = Const(0 if self.quantized else 0.0)
+        # what the padding holds: the zero point, int8's quantized 0.0
+        self.padding = self.inputs["x_zero"][0] if self.quantized else self.zero
+        self.group = _group(workload)
+        self.cbp = -(-self.cb // self.group) * self.group  # a channel block padded to whole groups
         self.hp, self.wp = (self.oh - 1) * self.stride + p["R"], (self.ow - 1) * self.stride + p["S"]
-        self.dp = Buffer("Dp", (p["N"], p["C"] // self.cb, self.hp, self.wp, self.cb), "packed", dtype)
-        self.wk = Buffer("Wk", (-(-p["K"] // self.kb), p["C"] // self.cb, p["R"], p["S"], self.cb, self.kb), "packed",
-                         dtype)
-        self.acc = Buffer("acc", (self.owr, self.kb), "register")
+        self.dp = Buffer("Dp", (p["N"], p["C"] // self.cb, self.hp, self.wp, self.cbp), "packed", self.data.dtype)
+        depth = (self.cbp // self.group, self.kb, self.group) if self.group > 1 else (self.cb, self.kb)
+        self.wk = Buffer("Wk", (-(-p["K"] // self.kb), p["C"] // self.cb, p["R"], p["S"]) + depth, "packed",
+                         self.weight.dtype)
+        self.acc = Buffer("acc", (self.owr, self.kb), "register", "int32" if self.quantized else "float32")
+        self.row_sums = Buffer("Wsum", (p["K"],), "packed", "int32")  # int8: the weights' sums, negated
 
     def program(self) -> Program:
-        inputs = [self.data, self.weight] + [b for b in (self.bias, self.residual) if b is not None]
-        stages = (Stage("pack_weight", tuple(self.pack_weight()), constant=True),
+        p, buffers = self.p, list(self.inputs.values()) + [self.out, self.dp, self.wk, self.acc]
+        stages = [Stage("pack_weight", tuple(self.pack_weight()), constant=True),
                   Stage("pack_data", tuple(self.pack_data())),
-                  Stage("compute", tuple(self.compute())))
-        return Program(self.workload.key, tuple(inputs + [self.out, self.dp, self.wk, self.acc]), stages)
+                  Stage("compute", tuple(self.compute()))]
+        if self.quantized:
+            buffers.append(self.row_sums)
+            reduction = [("c", p["C"]), ("r", p["R"]), ("s", p["S"])]
+            stages.insert(0, Stage("sum_W", tuple(negated_sums(self.row_sums, p["K"], reduction, lambda k, c, r, s:
+                                                               self.weight[k, c, r, s])), constant=True))
+        return Program(self.workload.key, tuple(buffers), tuple(stages))
 
     def _kind(self, axis: str) -> str:
         return "parallel" if self.parallel == axis else "serial"
@@ -115,40 +152,61 @@ class _Conv2d:
             Loop(name, lanes, "vectorized", tuple(body(x0 + var(name))))])
 
     def pack_weight(self):
-        """Wk[ko, co, r, s, ci, l] = weight[ko·kb + l, co·cb + ci, r, s]; a last block of K keeps its width."""
+        """Wk[ko, co, r, s, ci, l] = weight[ko·kb + l, co·cb + ci, r, s]; a last block of K keeps its width. In
+        groups, Wk[ko, co, r, s, q, l, j] holds channel ci = q·g + j, zero past the block's last."""
         p = self.p
         co, ci, r, s = var("co"), var("ci"), var("r"), var("s")
 
         def block(k0: Affine, width: int):
             ko = k0.exact_div(self.kb)
-            copy = self._vectors("l", width, Affine(), lambda l: [
-                self.wk.store((ko, co, r, s, ci, l), self.weight[k0 + l, co * self.cb + ci, r, s])])
-            return [Loop("co", p["C"] // self.cb, "serial", (Loop("r", p["R"], "serial", (Loop("s", p["S"], "serial", (
-                Loop("ci", self.cb, "serial", tuple(copy)),)),)),))]
+            element = lambda channel, l: self.weight[k0 + l, co * self.cb + channel, r, s]
+            if self.group == 1:
+                channels = (Loop("ci", self.cb, "serial", tuple(self._vectors("l", width, Affine(), lambda l: [
+                    self.wk.store((ko, co, r, s, ci, l), element(ci, l))]))),)
+            else:
+                channels = self.group_copy(lambda q, l, j, channel: self.wk.store(
+                    (ko, co, r, s, q, l, j), element(channel, l) if channel is not None else self.zero), width)
+            return [Loop("co", p["C"] // self.cb, "serial", (Loop("r", p["R"], "serial", (Loop("s", p["S"], "serial",
+                                                                                              channels),)),))]
 
         return tiled("ko", p["K"], self.kb, 0, block, self._kind("k"))
 
+    def group_copy(self, store, width: int) -> tuple:
+        """store(q, l, j, channel q·g + j, or None past the block's channels) over a block's groups and `width`
+        output channels."""
+        g, (full, rest) = self.group, divmod(self.cb, self.group)
+        q, l, j = var("q"), var("l"), var("j")
+        whole = (Loop("q", full, "serial", (Loop("l", width, "serial", (Loop("j", g, "unrolled", (
+            store(q, l, j, q * g + j),)),)),)),) if full else ()
+        last = (Loop("l", width, "serial", tuple(store(full, l, i, Affine.of(full * g + i) if i < rest else None)
+                                                 for i in range(g))),) if rest else ()
+        return whole + last
+
     def pack_data(self):
-        """Dp[n, co, y, x, ci] = data[n, co·cb + ci, y - pad, x - pad], zero outside the input; rows and
-        columns no output reads are left out (for a strided 1×1, Dp[y, x] = data[y·stride, x·stride])."""
+        """Dp[n, co, y, x, ci] = data[n, co·cb + ci, y - pad, x - pad], the padding (zero, or int8's zero point)
+        outside the input and past the block's channels; rows and columns no output reads are left out (for a
+        strided 1×1, Dp[y, x] = data[y·stride, x·stride])."""
         p, pad, skip = self.p, self.pad, self.skip
         n, co = var("n"), var("co")
         rows, cols = min(-(-p["H"] // skip), self.hp - pad), min(-(-p["W"] // skip), self.wp - pad)
 
         def fill(y0: int, height: int, x0: int, width: int, value) -> list:
-            """Dp[y0 + y, x0 + x, :] = value(y, x, ci) over a height × width rectangle of this channel block,
-            in vectors along the channels that Dp keeps adjacent (loads gathered from cb planes; vectors along a
-            row would be stored cb apart, a lane at a time), or along the row when a block is one channel."""
+            """Dp[y0 + y, x0 + x, :] = value(y, x, ci) over a height × width rectangle of this channel block (the
+            padding past its channels), in vectors along the channels that Dp keeps adjacent (loads gathered from
+            cb planes; vectors along a row would be stored cb apart, a lane at a time), or along the row when a
+            block is one channel."""
             if height <= 0 or width <= 0:
                 return []
             y, x = var("y"), var("x")
-            store = lambda column, ci: [self.dp.store((n, co, y0 + y, x0 + column, ci), value(y, column, ci))]
-            if self.cb == 1:
-                return [Loop("y", height, "serial", tuple(self._vectors("x", width, Affine(), lambda c: store(c, 0))))]
-            pixel = self._vectors("ci", self.cb, Affine(), lambda ci: store(x, ci))
+            store = lambda column, ci, value: [self.dp.store((n, co, y0 + y, x0 + column, ci), value(y, column, ci))]
+            if self.cbp == 1:
+                return [Loop("y", height, "serial", tuple(self._vectors("x", width, Affine(), lambda c: store(c, 0, value))))]
+            pixel = self._vectors("ci", self.cb, Affine(), lambda ci: store(x, ci, value))
+            if self.cbp > self.cb:
+                pixel += self._vectors("cz", self.cbp - self.cb, Affine.of(self.cb), lambda ci: store(x, ci, zero))
             return [Loop("y", height, "serial", (Loop("x", width, "serial", tuple(pixel)),))]
 
-        zero = lambda y, x, ci: Const(0.0)
+        zero = lambda y, x, ci: self.padding
         body = (fill(0, pad, 0, self.wp, zero) + fill(pad + rows, self.hp - pad - rows, 0, self.wp, zero)
                 + fill(pad, rows, 0, pad, zero) + fill(pad, rows, pad + cols, self.wp - pad - cols, zero)
                 + fill(pad, rows, pad, cols, lambda y, x, ci: self.data[n, co * self.cb + ci, y * skip, x * skip]))
@@ -180,18 +238,25 @@ class _Conv2d:
                 Loop("l", width, "vectorized", tuple(body(w, c0 + var("l"))))], "unrolled")
             return [Loop("w", owr, "unrolled", tuple(columns(var("w"))))]
 
-        def step(ci):
-            y, x = oh * self.stride + var("r"), (ow0 + var("w")) * self.stride + var("s")
-            return block(lambda w, c: [self.acc.store((w, c), Op("fma", (
-                self.dp[n, var("co"), y, x, ci], self.wk[kblock, var("co"), var("r"), var("s"), ci, c], self.acc[w, c])))])
+        y, x = oh * self.stride + var("r"), (ow0 + var("w")) * self.stride + var("s")
+        data = lambda ci: self.dp[n, var("co"), y, x, ci]
+        weights = lambda *index: self.wk[(kblock, var("co"), var("r"), var("s")) + index]
 
-        channels = tiled("ci", self.cb, self.unroll, 0,
+        def fma_step(ci):
+            return block(lambda w, c: [self.acc.store((w, c), Op("fma", (data(ci), weights(ci, c), self.acc[w, c])))])
+
+        def group_step(q):
+            terms = lambda c: tuple(t for j in range(self.group) for t in (data(q * self.group + j), weights(q, c, j)))
+            return block(lambda w, c: [self.acc.store((w, c), Op(DOTS[self.isa], terms(c) + (self.acc[w, c],)))])
+
+        step, steps = (fma_step, self.cb) if self.group == 1 else (group_step, self.cbp // self.group)
+        channels = tiled("ci", steps, self.unroll, 0,
                          lambda c0, u: [Loop("cu", u, "unrolled", tuple(step(c0 + var("cu"))))])
         extent = {"co": p["C"] // self.cb, "r": p["R"], "s": p["S"]}
         reduction = tuple(channels)
         for name in reversed(self.config["reduce_order"]):
             reduction = (Loop(name, extent[name], "serial", reduction),)
-        zero = block(lambda w, c: [self.acc.store((w, c), Const(0.0))])
+        zero = block(lambda w, c: [self.acc.store((w, c), self.zero)])
         body = zero + list(reduction) + (block(self.write) if self.config["write"] == "channels" else
                                          self._rows(owr, kw, self.write))
         return [Call("micro_kernel", tuple((name, value) for name, value in args), tuple(body))]
@@ -203,9 +268,11 @@ class _Conv2d:
             Loop("w", lanes, "vectorized", tuple(body(w0 + var("w"), var("c"))))], "unrolled")))]
 
     def write(self, w: Affine, c: Affine):
-        """out = epilogue(acc + bias + residual) at this block's place in the NCHW output."""
+        """out = epilogue(acc + bias + residual) at this block's place in the NCHW output (int8's acc dequantized)."""
         place = (var("n0"), var("k0") + c, var("oh0"), var("ow0") + w)
         value = self.acc[w, c]
+        if self.quantized:
+            value = dequantized(value, self.inputs, self.row_sums, var("k0") + c)
         if self.bias is not None:
             value = Op("add", (value, self.bias[var("k0") + c]))
         if self.residual is not None:

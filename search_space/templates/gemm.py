@@ -32,6 +32,7 @@ from ..program import ITEMSIZE, Affine, Buffer, Call, Const, If, Load, Loop, Op,
 from ..space import Config, ConfigSpace, Knob
 from ..target import Target
 from ..workload import Workload
+from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
 from .gemm_operands import gemm_operands, input_buffers
 
@@ -189,7 +190,8 @@ class _Gemm:
         stages = []
         if self.quantized:
             buffers.append(self.row_sums)
-            stages.append(Stage("sum_W", tuple(self.row_sum_stage()), constant=True))
+            stages.append(Stage("sum_W", tuple(negated_sums(self.row_sums, self.n, [("k", self.k)], lambda n, k: self.b[n, k])),
+                                constant=True))
         if self.pack:
             buffers.append(self.bp)
             stages.append(Stage("pack_" + self.b.name, tuple(self.pack_stage()), constant=self.workload.op == "dense"))
@@ -198,13 +200,6 @@ class _Gemm:
         stages.append(Stage("compute", tuple(self.compute_stage())))
         registers = [self.acc] + ([self.result] if self.result is not self.acc else [])
         return Program(self.workload.key, tuple(buffers + registers), tuple(stages))
-
-    def row_sum_stage(self):
-        """Wsum[n] = −Σ_k W[n, k]."""
-        n, k = var("n"), var("k")
-        negated = Op("mul", (Const(-1), self.b[n, k]))
-        return [Loop("n", self.n, "serial", (self.row_sums.store(n, self.zero), Loop("k", self.k, "serial", (
-            self.row_sums.store(n, Op("add", (self.row_sums[n], negated))),))))]
 
     def pack_stage(self):
         """Bp[p, k, l] = B[k, p·nr + l]: each panel of nr columns contiguous along k."""
@@ -308,7 +303,9 @@ class _Gemm:
                 if not final or not self.epilogued:
                     return [(self.c if final else self.partial).store(out(r, c), value)]
                 # the sum goes through a register so the epilogue reads it once
-                return [self.result.store((r, c), self.biased(self.dequantized(value, n0 + c), n0 + c)),
+                if self.quantized:
+                    value = dequantized(value, self.inputs, self.row_sums, n0 + c)
+                return [self.result.store((r, c), self.biased(value, n0 + c)),
                         self.c.store(out(r, c), epilogue(self.options.get("epilogue", "none"), self.result[r, c]))]
             return tuple(rows(body))
 
@@ -322,14 +319,6 @@ class _Gemm:
     @property
     def epilogued(self) -> bool:
         return self.bias is not None or self.options.get("epilogue", "none") != "none" or self.quantized
-
-    def dequantized(self, value, n):
-        """float(sum − x_zero·Σ_k W[n, k]) · x_scale · w_scale[n] in dense int8; the sum itself otherwise."""
-        if not self.quantized:
-            return value
-        scale = Op("mul", (self.inputs["x_scale"][0], self.inputs["w_scale"][n]))
-        corrected = Op("fma", (self.inputs["x_zero"][0], self.row_sums[n], value))
-        return Op("mul", (Op("float", (corrected,)), scale))
 
     def biased(self, value, n):
         return Op("add", (value, self.bias[n])) if self.bias is not None else value
