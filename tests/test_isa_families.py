@@ -1,6 +1,6 @@
 """The instruction families of the low-precision GEMMs, one test each over both: bfloat16's (`fma`: halves widened
 and FMAs, any CPU; `avx512bf16`: AVX-512 BF16's pair dot) and int8's (`widen`: bytes widened and integer
-multiply-adds, any CPU; `avx512vnni`: AVX-512 VNNI's byte-quad dot). Each is offered only where the target has it,
+multiply-adds, by pmaddwd on x86; `avx512vnni`: AVX-512 VNNI's byte-quad dot). Each is offered only where the target has it,
 emits its instructions on every host (assembly for a Zen 4, whatever this host is), and runs and computes its
 dtype's reference, and has its peak measured, where the host has it."""
 import pytest
@@ -9,12 +9,13 @@ from bench.peak import FAMILIES, peak_call, peak_program
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target, lower, matmul
 from search_space.templates.gemm import isas
 from workers.build import generated_assembly
+from workers.llvm_codegen import generate
 from tests.isa_helpers import assert_every_width_emits, assert_refused_without, check, configs_using, zen4
 
 ONE = Target.parse("llvm -threads=1")
 # special family → its dtype, its instruction, its IR op; the dtype's family for any CPU, and an instruction of it
 SPECIAL = {"avx512bf16": ("bfloat16", "vdpbf16ps", "dot2_bf16", "fma", "vfmadd"),
-           "avx512vnni": ("int8", "vpdpbusd", "dot4_vnni", "widen", "vpmulld")}
+           "avx512vnni": ("int8", "vpdpbusd", "dot4_vnni", "widen", "vpmaddwd")}
 ODD_SHAPES = lambda dtype: [dense(33, 100, 77, bias=True, epilogue="gelu", dtype=dtype),
                             batch_matmul(3, 17, 42, 31, dtype=dtype), matmul(64, 64, 3072, dtype=dtype),
                             conv2d(1, 19, 9, 11, 21, 3, 3, 2, 1, bias=True, residual=True, epilogue="relu", dtype=dtype)]
@@ -37,6 +38,16 @@ def test_the_special_family_is_offered_only_where_the_target_has_it(family):
     assert "isa" not in get_space(dense(64, 768, 768), target).knobs  # float32 spaces are as they were
 
 
+def assert_generic_family_emits(workload, target: Target, config, family: str) -> None:
+    """The config in the generic family, on the target without the special one, emits the generic instruction and
+    not the special one (with the feature, LLVM may fuse int8's pmaddwd and adds into VNNI's dot itself)."""
+    _, instruction, _, generic, generic_instruction = SPECIAL[family]
+    narrowed = Target.parse(str(target).replace(f",+{family}", ""))
+    widened = get_space(workload, narrowed).config(config.to_dict() | {"isa": generic})
+    assembly = generated_assembly(lower(workload, narrowed, widened), narrowed)
+    assert instruction not in assembly and generic_instruction in assembly
+
+
 @pytest.mark.parametrize("family", list(SPECIAL))
 def test_each_family_emits_its_instructions_on_any_host(family):
     """The fallback of a target with the feature uses the special instruction on 512-bit vectors; the generic family
@@ -46,11 +57,21 @@ def test_each_family_emits_its_instructions_on_any_host(family):
     special = fallback_config(workload, target)
     assembly = generated_assembly(lower(workload, target, special), target)
     assert sum(instruction in line and "zmm" in line for line in assembly.splitlines()) >= 32
-    widened = get_space(workload, target).config(special.to_dict() | {"isa": generic})
-    assembly = generated_assembly(lower(workload, target, widened), target)
-    assert instruction not in assembly and generic_instruction in assembly
+    assert_generic_family_emits(workload, target, special, family)
     assert_every_width_emits(batch_matmul(3, 17, 42, 31, dtype=dtype), target, family, instruction)
     assert_refused_without(workload, target, dot, family)
+
+
+@pytest.mark.parametrize("vec", [4, 8])
+def test_widened_bytes_are_multiplied_in_16_bit_pairs_on_avx2(vec):
+    """On an AVX2 CPU (a Zen 3) int8's `widen` multiplies by pmaddwd, no 32-bit multiply (vpmulld) in its dot; a
+    target without x86's vectors splits each quad into bytes (exactness: test_int8's sums beyond float32)."""
+    target, workload = Target.parse("llvm -mcpu=znver3 -mattr=+avx,+avx2,+fma -threads=1"), matmul(64, 64, 256, dtype="int8")
+    [config] = configs_using(workload, target, "widen", 1, vec=vec, pack_b=True)
+    assembly = generated_assembly(lower(workload, target, config), target)
+    compute = assembly[assembly.index("micro_kernel"):]
+    assert "vpmaddwd" in compute and "vpmulld" not in compute
+    assert "pmadd" not in str(generate(lower(workload, target, config), 1, ("fma",)))
 
 
 @pytest.mark.parametrize("family", list(SPECIAL))
@@ -63,9 +84,7 @@ def test_a_convolution_reads_its_channels_in_the_familys_groups(family):
     assert get_space(workload, target).knobs["isa"].candidates == (generic, family) == isas(target, dtype)
     assembly = generated_assembly(lower(workload, target, special), target)
     assert special["isa"] == family and sum(instruction in line and "zmm" in line for line in assembly.splitlines()) >= 32
-    widened = get_space(workload, target).config(special.to_dict() | {"isa": generic})
-    assembly = generated_assembly(lower(workload, target, widened), target)
-    assert instruction not in assembly and generic_instruction in assembly
+    assert_generic_family_emits(workload, target, special, family)
     assert_every_width_emits(ODD_SHAPES(dtype)[-1], target, family, instruction)
     assert_refused_without(workload, target, dot, family)
 

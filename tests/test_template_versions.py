@@ -66,12 +66,14 @@ def test_every_template_is_covered():
 
 
 def test_a_dtype_whose_configs_changed_alone_is_versioned_apart():
-    """bfloat16 convolutions gained the `isa` knob and grouped layouts: their records are of another version, while
-    float32's code (hashed above) and so its records are as they were."""
+    """bfloat16 convolutions gained the `isa` knob and grouped layouts, int8 GEMMs another multiply: their records
+    are of another version, while float32's code (hashed above) and so its records are as they were."""
     workload = conv2d(1, 16, 14, 14, 32, 3, 3, 1, 1)
     assert template_version(workload, CPU) == 1
     assert template_version(workload.in_dtype("bfloat16"), CPU) == 2 and "isa" in get_space(
         workload.in_dtype("bfloat16"), CPU).knobs
+    gemm = GEMMS[1]  # int8's `widen` multiplies by pmaddwd
+    assert (template_version(gemm, CPU), template_version(gemm.in_dtype("int8"), CPU)) == (1, 2)
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))

@@ -19,7 +19,9 @@ instruction (or not in pairs) takes two FMAs, the same sum, as a bfloat16 produc
 Integer buffers (uint8, int8, int32) load as int32, zero- or sign-extended, and integer
 constants are int32: add, mul and fma of them are integer arithmetic, exact, and `float`
 converts. `dot4` of uint8 quads and int8 quads adjacent in memory loads each quad as one lane
-and splits it into bytes; `dot4_vnni` is AVX-512 VNNI's `vpdpbusd`.
+and, on x86, widens its bytes in 16-bit halves for two `pmaddwd` (each lane's sum of two products:
+exact, unlike `pmaddubsw`'s saturating one), elsewhere splits it into bytes; `dot4_vnni` is AVX-512
+VNNI's `vpdpbusd`.
 
 A `tile` nest (k groups, rows, columns around one `dot2_amx` or `dot4_amx` into a block of C)
 becomes AMX tile products (llvm_amx).
@@ -57,6 +59,9 @@ GROUP_DOTS = {"dot2": ("bfloat16", "bfloat16"), "dot2_bf16": ("bfloat16", "bfloa
               "dot4_vnni": ("uint8", "int8")}
 SPECIAL_DOTS = {"dot2_bf16": ("avx512bf16", "llvm.x86.avx512bf16.dpbf16ps"),
                 "dot4_vnni": ("avx512vnni", "llvm.x86.avx512.vpdpbusd")}
+# pmaddwd by 32-bit lanes: the feature that has it at that width, and its intrinsic
+PAIR_PRODUCTS = {4: ("avx", "llvm.x86.sse2.pmadd.wd"), 8: ("avx2", "llvm.x86.avx2.pmadd.wd"),
+                 16: ("avx512bw", "llvm.x86.avx512.pmaddw.d.512")}
 # Rational approximation of tanh on [-7.9053, 7.9053] (as in Eigen): odd numerator / even denominator.
 TANH_CLAMP = 7.90531110763549805
 TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
@@ -442,10 +447,24 @@ class LLVMCodegen:
             operand = ir.VectorType(BF16, 2 * vector.width) if name == "dot2_bf16" else a_group.type
             fn = self._extern(f"{SPECIAL_DOTS[name][1]}.{WIDTHS[vector.width]}", acc.type, [acc.type, operand, operand])
             return b.call(fn, [acc, b.bitcast(a_group, operand), b.bitcast(b_groups, operand)])
+        if name == "dot4" and PAIR_PRODUCTS.get(vector.width, ("",))[0] in self.features:
+            return self.pair_products(b, PAIR_PRODUCTS[vector.width][1], a_group, b_groups, acc)
         a_dtype, b_dtype = GROUP_DOTS[name]
         for j in range(4 // ITEMSIZE[a_dtype]):
             acc = self.multiply_add(b, _element(b, a_group, a_dtype, j), _element(b, b_groups, b_dtype, j), acc)
         return acc
+
+    def pair_products(self, b: ir.IRBuilder, intrinsic: str, a_group, b_groups, acc):
+        """acc + Σ_j a_j·b_j over uint8 quads a and int8 quads b, as two pmaddwd of 16-bit halves: bytes 0 and 2
+        widened in place (A's by a mask, B's by shifts up and back with the sign), then bytes 1 and 3 (shifted down).
+        Each lane of a pmaddwd sums two products of at most 255·128 in magnitude: exact in 32 bits."""
+        halves = ir.VectorType(I16, 2 * acc.type.count)
+        a16, b16 = b.bitcast(a_group, halves), b.bitcast(b_groups, halves)
+        const = lambda n: ir.Constant(halves, [n] * halves.count)
+        pmaddwd = self._extern(intrinsic, acc.type, [halves, halves])
+        even = b.call(pmaddwd, [b.and_(a16, const(0xFF)), b.ashr(b.shl(b16, const(8)), const(8))])
+        odd = b.call(pmaddwd, [b.lshr(a16, const(8)), b.ashr(b16, const(8))])
+        return b.add(acc, b.add(even, odd))
 
     @staticmethod
     def splat(b: ir.IRBuilder, scalar, width: int):
