@@ -3,9 +3,12 @@
 Dynamo does not trace torch.ao's quantized modules: torch.compile of such a model hands a backend no graph at
 all. `traceable(model)` gives the model back with each dynamically quantized Linear replaced by a
 `QuantizedLinear`, plain PyTorch that Dynamo traces: the activation quantized per call over its range (zero
-included) to uint8, as dynamic quantization does (over all 256 levels: vpdpbusd does not saturate, so PyTorch's
-reduced range for x86 is not needed), then `tensortune::quantized_linear`, a custom operator the backend matches
-as an int8 dense, its weights, their scales and the bias bound. Where it is not matched it runs in PyTorch, exactly.
+included) to uint8, as dynamic quantization does (over all 256 levels: the int8 kernels do not saturate, so
+PyTorch's reduced range for x86 is not needed), then `tensortune::quantized_linear`, a custom operator the backend
+matches as an int8 dense, its weights, their scales and the bias bound. Where it is not matched it runs in PyTorch,
+exactly. The quantization is an operator too, `tensortune::quantize_activation`, composite (Inductor compiles the
+PyTorch it is made of): layers quantizing one activation are seen to, and the backend quantizes it once and fuses
+their products (Q, K and V) into one dense.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ def _(x, x_scale, x_zero, weight, w_scale, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=torch.float32)
 
 
-def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x as uint8 with its scale and zero point, one pair for the whole tensor: its range widened to hold 0 (so
     that zero padding stays exact), spread over 256 levels."""
     low, high = torch.clamp(x.min(), max=0.0), torch.clamp(x.max(), min=0.0)
@@ -41,6 +44,12 @@ def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     zero = torch.clamp(torch.round(-low / scale), 0, LEVELS)
     quantized = torch.clamp(torch.round(x / scale) + zero, 0, LEVELS).to(torch.uint8)
     return quantized, scale.reshape(1).float(), zero.reshape(1).to(torch.int32)
+
+
+_OPERATORS = torch.library.Library("tensortune", "FRAGMENT")
+_OPERATORS.define("quantize_activation(Tensor x) -> (Tensor, Tensor, Tensor)")
+_OPERATORS.impl("quantize_activation", _quantize_activation, "CompositeImplicitAutograd")
+quantize_activation = torch.ops.tensortune.quantize_activation.default
 
 
 class QuantizedLinear(nn.Module):

@@ -1,7 +1,8 @@
 """Graph rewrites before matching, so that the matchers of patterns.py find more of a model's work.
 
 scaled_dot_product_attention becomes its two batch matmuls with the scale, mask and softmax between them;
-linear layers reading one activation become one dense with their weights concatenated (Q, K and V); baddbmm
+linear layers reading one activation become one dense with their weights concatenated (Q, K and V), and so do
+int8 linear layers quantizing one activation (frontend.quantized: it is then quantized once); baddbmm
 becomes a bmm with its scaling and add beside it, and so does an addmm autograd differentiates (an mm: its
 trained weight is an operand, passed at each call). Each rewritten graph computes what the original does when
 PyTorch runs it, so a node no matcher takes stays correct. New nodes get their `example_value` by running
@@ -22,8 +23,9 @@ from torch._subclasses import FakeTensor
 from workers.torch_arrays import dtype_name, torch_tensor
 
 from .capture import Captured
-from .patterns import (ADDMM, LINEAR, Scan, argument, calls, constant, fused_activation, requires_grad,
-                       same_shape)
+from .patterns import (ADDMM, LINEAR, QUANTIZED_LINEAR, Scan, argument, calls, constant, fused_activation,
+                       requires_grad, same_shape)
+from .quantized import quantize_activation
 
 ATTENTION = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
 BADDBMM = {torch.baddbmm}
@@ -171,32 +173,80 @@ def view_safe(reader: fx.Node, width: int) -> bool:
 
 
 def fuse_linears(x: fx.Node, edit: Editor) -> bool:
-    """One F.linear for the layers of fusable_linears, split back along N for their readers; whether there
-    were two or more. The parts stay views of the fused result where every reader takes a view (HF's
-    `.view(b, s, heads, d).transpose(1, 2)` does, and the batch_matmul kernel copies its operands anyway),
-    and are made contiguous where a reader could fail on one (a view merging the last dimension)."""
+    """One F.linear for the layers of fusable_linears; whether there were two or more."""
     members = fusable_linears(x, edit.captured)
     if len(members) < 2:
         return False
+    fuse(members, edit, lambda nodes, weight, bias: edit.call(
+        F.linear, (x, weight) + ((bias,) if bias is not None else ()), nodes[0], stack=common_stack(nodes)))
+    return True
+
+
+def fuse(members: list[tuple[fx.Node, np.ndarray, np.ndarray | None]], edit: Editor, product) -> None:
+    """The members' (node, weight, bias) as one `product(nodes, weight, bias)` of their weights and biases (zero where
+    a member has none) concatenated, split back along N for their readers. The parts stay views of the fused result
+    where every reader takes a view (HF's `.view(b, s, heads, d).transpose(1, 2)` does, and the batch_matmul kernel
+    copies its operands anyway), and are made contiguous where a reader could fail on one (a view merging the last
+    dimension)."""
     order = {node: index for index, node in enumerate(edit.graph.nodes)}
-    members.sort(key=lambda member: order[member[0]])
+    members = sorted(members, key=lambda member: order[member[0]])
     nodes = [node for node, _, _ in members]
     widths = [weight.shape[0] for _, weight, _ in members]
     weight = torch_tensor(np.concatenate([weight for _, weight, _ in members]))
-    biases = [bias if bias is not None else np.zeros(width, members[0][1].dtype) for (_, _, bias), width in zip(members, widths)]
+    bias_dtype = np.float32 if members[0][1].dtype == np.int8 else members[0][1].dtype  # int8's biases are float32
+    biases = [bias if bias is not None else np.zeros(width, bias_dtype) for (_, _, bias), width in zip(members, widths)]
     has_bias = any(bias is not None for _, _, bias in members)
     with edit.graph.inserting_before(nodes[0]):
-        args = (x, edit.attribute(f"fused_{nodes[0].name}_weight", weight))
-        if has_bias:
-            args += (edit.attribute(f"fused_{nodes[0].name}_bias", torch_tensor(np.concatenate(biases))),)
-        fused = edit.call(F.linear, args, nodes[0], stack=common_stack(nodes))
+        bias = edit.attribute(f"fused_{nodes[0].name}_bias", torch_tensor(np.concatenate(biases))) if has_bias else None
+        fused = product(nodes, edit.attribute(f"fused_{nodes[0].name}_weight", weight), bias)
         split = edit.call(torch.split, (fused, widths), nodes[0], {"dim": -1})
         parts = [edit.call(operator.getitem, (split, index), node) for index, node in enumerate(nodes)]
         parts = [part if all(view_safe(reader, width) for reader in node.users) else
                  edit.call(torch.Tensor.contiguous, (part,), node) for part, node, width in zip(parts, nodes, widths)]
     for node, part in zip(nodes, parts):
         edit.replace(node, part)
-    return True
+
+
+def quantize_once(graph: fx.Graph) -> list[fx.Node]:
+    """Each activation quantized by one `tensortune::quantize_activation` (the later ones' readers read the first's
+    results, each result one node); those quantizations."""
+    first: dict[fx.Node, fx.Node] = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not quantize_activation:
+            continue
+        kept = first.setdefault(node.args[0], node)
+        if kept is not node:
+            node.replace_all_uses_with(kept)
+            graph.erase_node(node)
+    for node in first.values():
+        results: dict[int, fx.Node] = {}
+        for reader in list(node.users):
+            if calls(reader, {operator.getitem}) and results.setdefault(reader.args[1], reader) is not reader:
+                reader.replace_all_uses_with(results[reader.args[1]])
+                graph.erase_node(reader)
+    return list(first.values())
+
+
+def fuse_quantized_linears(quantize: fx.Node, edit: Editor) -> None:
+    """One tensortune::quantized_linear for the int8 layers reading this quantization's results whose weights the
+    model holds and that have no epilogue of their own, their weights, scales and biases concatenated."""
+    results = tuple(next((user for user in quantize.users if calls(user, {operator.getitem}) and user.args[1] == i),
+                         None) for i in range(3))
+    members, scan = [], Scan(edit.captured)
+    for user in results[0].users if results[0] is not None else ():
+        if not calls(user, QUANTIZED_LINEAR) or tuple(user.args[:3]) != results:
+            continue
+        weight, w_scale = (constant(user.args[i], edit.captured, integer=True) for i in (3, 4))
+        bias = constant(user.args[5], edit.captured) if user.args[5] is not None else None
+        if weight is None or w_scale is None or (user.args[5] is not None and bias is None) or fused_activation(user, scan)[1]:
+            continue
+        members.append((user, weight, (w_scale, bias)))
+    if len(members) < 2:
+        return
+    scales = torch_tensor(np.concatenate([w_scale for _, _, (w_scale, _) in members]))
+    fuse([(node, weight, bias) for node, weight, (_, bias) in members], edit, lambda nodes, weight, bias: edit.call(
+        nodes[0].target, (*results, weight, edit.attribute(f"fused_{nodes[0].name}_w_scale", scales), bias), nodes[0],
+        stack=common_stack(nodes)))
 
 
 def rewrite(captured: Captured) -> None:
@@ -217,5 +267,7 @@ def rewrite(captured: Captured) -> None:
             split_scaled_product(node, edit, torch.mm)
     while any(fuse_linears(node, edit) for node in list(graph.nodes)):
         pass  # a fused layer's parts may feed fusable layers of their own
+    for quantize in quantize_once(graph):
+        fuse_quantized_linears(quantize, edit)
     graph.lint()
     captured.graph.recompile()

@@ -189,6 +189,34 @@ def test_a_dynamically_quantized_model_runs_on_int8_kernels(per_channel, graph, 
     assert "run in PyTorch" not in caplog.text
 
 
+class ThreeHeads(nn.Module):
+    """Q, K (no bias) and V of one activation, and a layer reading what they make."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.out = nn.Linear(16, 8), nn.Linear(16, 8, bias=False), nn.Linear(16, 24), nn.Linear(8, 16)
+
+    def forward(self, x):
+        return self.out(self.q(x) * self.k(x) + self.v(x)[..., :8])
+
+
+@pytest.mark.parametrize("graph", ["inductor", "eager"])
+def test_int8_layers_quantizing_one_activation_are_one_dense(graph, tmp_path, caplog):
+    """quantize_dynamic's Q, K and V: their activation quantized once, one int8 dense of their weights concatenated
+    (N = 8 + 8 + 24, K's missing bias zero), computing what the traceable model's three layers compute in PyTorch."""
+    torch.manual_seed(1)
+    quantized = torch.ao.quantization.quantize_dynamic(ThreeHeads().eval(), {nn.Linear}, dtype=torch.qint8)
+    x = torch.randn(2, 5, 16)
+    with torch.inference_mode():
+        assert sorted(task.workload.key for task in extract_tasks(quantized, (x,))) == sorted(
+            [dense(10, 40, 16, bias=True, dtype="int8").key, dense(10, 16, 8, bias=True, dtype="int8").key])
+        exact = traceable(quantized)
+        torch._dynamo.reset()
+        compiled = torch.compile(exact, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/q.db", "graph": graph})
+        assert torch.allclose(compiled(x), exact(x), atol=1e-5)
+    assert "run in PyTorch" not in caplog.text
+
+
 def test_only_symmetric_int8_weights_are_taken():
     layer = torch.ao.nn.quantized.dynamic.Linear(16, 8)
     layer.set_weight_bias(torch.quantize_per_tensor(torch.randn(8, 16), 0.1, 3, torch.qint8), None)
