@@ -84,10 +84,10 @@ def int8_calls(workload: Workload, threads: int, inputs, torch) -> dict[str, Cal
                 torch.zeros(len(weight), dtype=torch.int64), 0)
             x = torch._make_per_tensor_quantized_tensor(torch.from_numpy(activation), float(named["x_scale"][0]),
                                                         int(named["x_zero"][0]))
-        if workload.op == "dense":
-            packed = torch.ops.quantized.linear_prepack(weights, None)
-            return {"torch": lambda: torch.ops.quantized.linear(x, packed, 0.05, 128)}
-        return {"torch": quantized_conv2d(workload.p, x, weights, named, torch)}
+            if workload.op == "conv2d":
+                return {"torch": quantized_conv2d(workload.p, x, weights, named, torch)}
+        packed = torch.ops.quantized.linear_prepack(weights, None)
+        return {"torch": lambda: torch.ops.quantized.linear(x, packed, 0.05, 128)}
     signed = lambda a: torch.from_numpy((a.astype(np.int16) - 128).astype(np.int8)) if a.dtype == np.uint8 else \
         torch.from_numpy(a)
     a, b = signed(inputs[0]), signed(inputs[1])

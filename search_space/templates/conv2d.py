@@ -200,15 +200,16 @@ class _Conv2d:
             y, x = var("y"), var("x")
             store = lambda column, ci, value: [self.dp.store((n, co, y0 + y, x0 + column, ci), value(y, column, ci))]
             if self.cbp == 1:
-                return [Loop("y", height, "serial", tuple(self._vectors("x", width, Affine(), lambda c: store(c, 0, value))))]
+                return [Loop("y", height, "serial", tuple(self._vectors("x", width, Affine(),
+                                                                        lambda c: store(c, 0, value))))]
             pixel = self._vectors("ci", self.cb, Affine(), lambda ci: store(x, ci, value))
             if self.cbp > self.cb:
-                pixel += self._vectors("cz", self.cbp - self.cb, Affine.of(self.cb), lambda ci: store(x, ci, zero))
+                pixel += self._vectors("cz", self.cbp - self.cb, Affine.of(self.cb), lambda ci: store(x, ci, padding))
             return [Loop("y", height, "serial", (Loop("x", width, "serial", tuple(pixel)),))]
 
-        zero = lambda y, x, ci: self.padding
-        body = (fill(0, pad, 0, self.wp, zero) + fill(pad + rows, self.hp - pad - rows, 0, self.wp, zero)
-                + fill(pad, rows, 0, pad, zero) + fill(pad, rows, pad + cols, self.wp - pad - cols, zero)
+        padding = lambda y, x, ci: self.padding
+        body = (fill(0, pad, 0, self.wp, padding) + fill(pad + rows, self.hp - pad - rows, 0, self.wp, padding)
+                + fill(pad, rows, 0, pad, padding) + fill(pad, rows, pad + cols, self.wp - pad - cols, padding)
                 + fill(pad, rows, pad, cols, lambda y, x, ci: self.data[n, co * self.cb + ci, y * skip, x * skip]))
         # threads that split the images pack their own; when they split output channels or rows, each reads every
         # channel, so one thread packs (with the earlier row-vector pack, the stem's call split by channels took 2.07 ms
