@@ -2,7 +2,7 @@
 the peak FMA rate, all measured in this run, at 1 thread and at all cores. With `--dtype bfloat16` the shapes
 are in bfloat16, beside PyTorch's bfloat16 (oneDNN) and the peak of the instruction family each best config
 uses. With `--dtype int8`, the shapes in uint8 × int8 beside PyTorch's int8 (quantized linear and convolution, `_int_mm`)
-and VNNI's peak where a best config uses it (GFLOPS are then integer operations a second).
+and the peak of the family each best config uses (GFLOPS are then integer operations a second).
 
 The search here is the template's fallback, a random sample of the space, then greedy descent
 over one-knob neighbours of the fastest few so far: no cost model (that is the tuner's job), just
@@ -172,7 +172,7 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
         for workload in shapes:
             row = bench_shape(workload, target, trials, seed, quick)
             family = row["config"]["knobs"].get("isa", "fma")
-            peak = peaks.get(family)  # none for int8's `widen`
+            peak = peaks.get(family)  # none for int8's `widen` where it splits bytes (not x86)
             row |= {"family": family, "peak_gflops": peak and round(peak, 2), "launch_us": round(launch, 2)}
             row["peak_fraction"] = peak and round(row["gflops"] / peak, 3)
             rows.append(row)

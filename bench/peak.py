@@ -1,6 +1,7 @@
-"""The machine's peak FMA rate (and AVX-512 BF16's pair-dot, VNNI's byte-quad-dot and AMX's tile-product rates,
-where it has them), and what launching a parallel kernel costs, all measured with kernels written in tensortune's own
-loop-nest IR (AMX's in LLVM IR through its tile intrinsics) and compiled by its own code generator."""
+"""The machine's peak FMA rate (and int8's widened byte-quad dot, AVX-512 BF16's pair-dot, VNNI's byte-quad-dot and
+AMX's tile-product rates, where it has them), and what launching a parallel kernel costs, all measured with kernels
+written in tensortune's own loop-nest IR (the widened dot's and AMX's in LLVM IR through their intrinsics) and
+compiled by its own code generator."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ from search_space import Target
 from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, Program, Stage, var
 from workers import compile_program
 from workers.llvm_amx import AMX, intrinsics
+from workers.llvm_codegen import PAIR_PRODUCTS
 from workers.kernel import cfunc
 from workers.llvm_jit import compile_module
 from workers.timing import time_samples
@@ -27,6 +29,7 @@ FAMILIES = {"fma": ("float32", "float32", "float32", 2), "avx512bf16": ("bfloat1
 # AMX family: its tile product (an IR op), operations of one product (16 × 16 sums of 32 bf16 or 64 byte products)
 TILE_PRODUCTS = {"amx-bf16": ("dot2_amx", 2 * 16 * 16 * 32), "amx-int8": ("dot4_amx", 2 * 16 * 16 * 64)}
 TILE_ITERATIONS = 20_000
+WIDEN_OPS = 8  # int8's `widen`: a byte quad's dot, four multiply-adds a 32-bit lane
 
 
 def peak_program(threads: int, width: int, family: str = "fma") -> Program:
@@ -97,30 +100,84 @@ def tile_peak_module(family: str) -> ir.Module:
     return module
 
 
-def tile_peak_call(target: Target, family: str) -> tuple[Callable[[], None], int]:
-    """A call running the tile-product peak kernel on each of the target's threads at once (Python threads: ctypes
-    lets go of the GIL), and the operations of one call."""
-    compiled = compile_module(tile_peak_module(family), target)
+def widen_peak_module(width: int) -> ir.Module:
+    """`void peak(ptr out)`: ITERATIONS times, CHAINS accumulator vectors each add the byte-quad dot as the code
+    generator's `widen` runs it on x86: two pmaddwd of 16-bit halves (the accumulator's own bits as A's, so that
+    nothing is loop-invariant; two B operands), and their sum."""
+    module = ir.Module(name="peak_widen")
+    i64, words = ir.IntType(64), ir.VectorType(ir.IntType(32), width)
+    halves = ir.VectorType(ir.IntType(16), 2 * width)
+    pmaddwd = ir.Function(module, ir.FunctionType(words, [halves, halves]), PAIR_PRODUCTS[width][1])
+    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()]), "peak")
+    b = ir.IRBuilder(function.append_basic_block("entry"))
+    even, odd = (ir.Constant(halves, [value] * halves.count) for value in (3, -5))
+    entry, loop, done = b.block, function.append_basic_block("loop"), function.append_basic_block("done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    index, carried = b.phi(i64), [b.phi(words) for _ in range(CHAINS)]
+    following = []
+    for acc in carried:
+        a = b.bitcast(acc, halves)
+        following.append(b.add(acc, b.add(b.call(pmaddwd, [a, even]), b.call(pmaddwd, [a, odd]))))
+    step = b.add(index, ir.Constant(i64, 1))
+    index.add_incoming(ir.Constant(i64, 0), entry)
+    index.add_incoming(step, loop)
+    for n, (phi, last) in enumerate(zip(carried, following)):
+        phi.add_incoming(ir.Constant(words, [n] * width), entry)
+        phi.add_incoming(last, loop)
+    b.cbranch(b.icmp_signed("<", step, ir.Constant(i64, ITERATIONS)), loop, done)
+    b.position_at_end(done)
+    for n, value in enumerate(following):
+        b.store(value, b.gep(function.args[0], [ir.Constant(i64, 4 * width * n)], source_etype=ir.IntType(8)), align=4)
+    b.ret_void()
+    return module
+
+
+def threaded_call(module: ir.Module, target: Target, bytes_per_thread: int) -> Callable[[], None]:
+    """A call running `void peak(ptr)` of the module on each of the target's threads at once, each on zeroed memory of
+    its own (Python threads: ctypes lets go of the GIL)."""
+    compiled = compile_module(module, target)
     function = cfunc(compiled.address("peak"), 1)
-    tiles = [np.zeros(8 * 1024, np.uint8) for _ in range(target.threads)]  # zeros: no denormal or overflow on any path
+    memory = [np.zeros(bytes_per_thread, np.uint8) for _ in range(target.threads)]  # zeros: no denormal or overflow
     pool = ThreadPoolExecutor(target.threads)
-    call = lambda: (compiled, list(pool.map(lambda t: function(t.ctypes.data), tiles)))
-    return call, 4 * TILE_PRODUCTS[family][1] * TILE_ITERATIONS * target.threads
+    return lambda: (compiled, list(pool.map(lambda m: function(m.ctypes.data), memory)))
+
+
+def tile_peak_call(target: Target, family: str) -> tuple[Callable[[], None], int]:
+    """A call running the tile-product peak kernel on each of the target's threads at once, and the operations of
+    one call."""
+    return (threaded_call(tile_peak_module(family), target, 8 * 1024),
+            4 * TILE_PRODUCTS[family][1] * TILE_ITERATIONS * target.threads)
+
+
+def widen_peak_call(target: Target) -> tuple[Callable[[], None], int]:
+    """A call running the widened byte-quad dot's peak kernel on each of the target's threads at once, at its widest
+    vector width, and the operations of one call."""
+    width = target.vector_bits // 32
+    return (threaded_call(widen_peak_module(width), target, 4 * width * CHAINS),
+            WIDEN_OPS * width * CHAINS * ITERATIONS * target.threads)
+
+
+def has_widen_peak(target: Target) -> bool:
+    """Whether the target runs `widen` by pmaddwd at its widest vectors (x86: its peak is measured)."""
+    return PAIR_PRODUCTS.get(target.vector_bits // 32, ("",))[0] in target.features
 
 
 def peak_gflops(target: Target, family: str = "fma") -> float:
-    call, flops = tile_peak_call(target, family) if family in TILE_PRODUCTS else peak_call(target, family)
+    call, flops = (tile_peak_call(target, family) if family in TILE_PRODUCTS else
+                   widen_peak_call(target) if family == "widen" else peak_call(target, family))
     return flops / min(time_samples(call, repeat=5, min_repeat_ms=50)) / 1e9
 
 
 def family_peaks(target: Target, dtype: str) -> dict[str, float]:
     """The peak rate of each instruction family a kernel of this dtype may use on the target (the GEMM
-    template's `isa` knob) and that has a peak of its own: float32's only family is `fma`; int8's `widen` has
-    none (integer multiplies and adds whose mix depends on the kernel), its kernels stand beside the FMA's."""
+    template's `isa` knob) and that has a peak of its own: float32's only family is `fma`; int8's `widen` has one
+    where it runs by pmaddwd (x86), none where its bytes are split."""
     from search_space.templates.gemm import isas
 
     families = isas(target, dtype) if dtype != "float32" else ("fma",)
-    return {family: peak_gflops(target, family) for family in families if family in FAMILIES | TILE_PRODUCTS}
+    measured = FAMILIES.keys() | TILE_PRODUCTS.keys() | ({"widen"} if has_widen_peak(target) else set())
+    return {family: peak_gflops(target, family) for family in families if family in measured}
 
 
 def launch_microseconds(target: Target) -> float:

@@ -5,11 +5,13 @@ emits its instructions on every host (assembly for a Zen 4, whatever this host i
 dtype's reference, and has its peak measured, where the host has it."""
 import pytest
 
-from bench.peak import FAMILIES, peak_call, peak_program
+from bench.peak import (CHAINS, FAMILIES, ITERATIONS, WIDEN_OPS, family_peaks, has_widen_peak, peak_call,
+                        peak_program, widen_peak_call, widen_peak_module)
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target, lower, matmul
 from search_space.templates.gemm import isas
 from workers.build import generated_assembly
 from workers.llvm_codegen import generate
+from workers.llvm_jit import emit_assembly
 from tests.isa_helpers import assert_every_width_emits, assert_refused_without, check, configs_using, zen4
 
 ONE = Target.parse("llvm -threads=1")
@@ -107,6 +109,20 @@ def test_the_peak_of_each_family_is_measured_with_its_instruction(family):
         call, ops = peak_call(ONE, family)
         call()
         assert ops == fma_flops * FAMILIES[family][-1] // 2
+
+
+def test_the_widened_dots_peak_is_measured_with_pmaddwd():
+    """`widen`'s peak kernel multiplies by pmaddwd on AVX2 and AVX-512 CPUs (two a chain and iteration: none hoisted
+    out of its loop); where the host runs `widen` by it, bench kernels' int8 peaks include it."""
+    avx2 = Target.parse("llvm -mcpu=znver3 -mattr=+avx,+avx2,+fma -threads=1")
+    for target, width in ((avx2, 8), (zen4(), 16)):
+        assert has_widen_peak(target)
+        assert emit_assembly(widen_peak_module(width), target).count("vpmaddwd") == 2 * CHAINS
+    assert not has_widen_peak(Target.parse("llvm -mcpu=znver3 -mattr=-avx,-avx2,-fma -threads=1"))
+    if has_widen_peak(ONE):
+        call, ops = widen_peak_call(ONE)
+        call()
+        assert ops == WIDEN_OPS * ONE.vector_bits // 32 * CHAINS * ITERATIONS and family_peaks(ONE, "int8")["widen"] > 0
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
