@@ -14,7 +14,7 @@ from search_space import Target
 from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, Program, Stage, var
 from workers import compile_program
 from workers.llvm_amx import AMX, intrinsics
-from workers.llvm_codegen import PAIR_PRODUCTS
+from workers.llvm_codegen import pmaddwd
 from workers.kernel import cfunc
 from workers.llvm_jit import compile_module
 from workers.timing import time_samples
@@ -100,14 +100,15 @@ def tile_peak_module(family: str) -> ir.Module:
     return module
 
 
-def widen_peak_module(width: int) -> ir.Module:
-    """`void peak(ptr out)`: ITERATIONS times, CHAINS accumulator vectors each add the byte-quad dot as the code
-    generator's `widen` runs it on x86: two pmaddwd of 16-bit halves (the accumulator's own bits as A's, so that
-    nothing is loop-invariant; two B operands), and their sum."""
+def widen_peak_module(target: Target) -> ir.Module:
+    """`void peak(ptr out)`: ITERATIONS times, CHAINS accumulator vectors of the target's widest width each add the
+    byte-quad dot as the code generator's `widen` runs it on x86: two pmaddwd of 16-bit halves (the accumulator's own
+    bits as A's, so that nothing is loop-invariant; two B operands), and their sum."""
+    width = target.vector_bits // 32
     module = ir.Module(name="peak_widen")
     i64, words = ir.IntType(64), ir.VectorType(ir.IntType(32), width)
     halves = ir.VectorType(ir.IntType(16), 2 * width)
-    pmaddwd = ir.Function(module, ir.FunctionType(words, [halves, halves]), PAIR_PRODUCTS[width][1])
+    product = ir.Function(module, ir.FunctionType(words, [halves, halves]), pmaddwd(width, target.features))
     function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()]), "peak")
     b = ir.IRBuilder(function.append_basic_block("entry"))
     even, odd = (ir.Constant(halves, [value] * halves.count) for value in (3, -5))
@@ -118,7 +119,7 @@ def widen_peak_module(width: int) -> ir.Module:
     following = []
     for acc in carried:
         a = b.bitcast(acc, halves)
-        following.append(b.add(acc, b.add(b.call(pmaddwd, [a, even]), b.call(pmaddwd, [a, odd]))))
+        following.append(b.add(acc, b.add(b.call(product, [a, even]), b.call(product, [a, odd]))))
     step = b.add(index, ir.Constant(i64, 1))
     index.add_incoming(ir.Constant(i64, 0), entry)
     index.add_incoming(step, loop)
@@ -154,13 +155,13 @@ def widen_peak_call(target: Target) -> tuple[Callable[[], None], int]:
     """A call running the widened byte-quad dot's peak kernel on each of the target's threads at once, at its widest
     vector width, and the operations of one call."""
     width = target.vector_bits // 32
-    return (threaded_call(widen_peak_module(width), target, 4 * width * CHAINS),
+    return (threaded_call(widen_peak_module(target), target, 4 * width * CHAINS),
             WIDEN_OPS * width * CHAINS * ITERATIONS * target.threads)
 
 
 def has_widen_peak(target: Target) -> bool:
     """Whether the target runs `widen` by pmaddwd at its widest vectors (x86: its peak is measured)."""
-    return PAIR_PRODUCTS.get(target.vector_bits // 32, ("",))[0] in target.features
+    return pmaddwd(target.vector_bits // 32, target.features) is not None
 
 
 def peak_gflops(target: Target, family: str = "fma") -> float:

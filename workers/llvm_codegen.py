@@ -62,6 +62,12 @@ SPECIAL_DOTS = {"dot2_bf16": ("avx512bf16", "llvm.x86.avx512bf16.dpbf16ps"),
 # pmaddwd by 32-bit lanes: the feature that has it at that width, and its intrinsic
 PAIR_PRODUCTS = {4: ("avx", "llvm.x86.sse2.pmadd.wd"), 8: ("avx2", "llvm.x86.avx2.pmadd.wd"),
                  16: ("avx512bw", "llvm.x86.avx512.pmaddw.d.512")}
+
+
+def pmaddwd(width: int, features) -> str | None:
+    """The pmaddwd intrinsic on `width` 32-bit lanes where the features have it (x86), else None."""
+    feature, intrinsic = PAIR_PRODUCTS.get(width, ("", None))
+    return intrinsic if feature in features else None
 # Rational approximation of tanh on [-7.9053, 7.9053] (as in Eigen): odd numerator / even denominator.
 TANH_CLAMP = 7.90531110763549805
 TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
@@ -447,8 +453,8 @@ class LLVMCodegen:
             operand = ir.VectorType(BF16, 2 * vector.width) if name == "dot2_bf16" else a_group.type
             fn = self._extern(f"{SPECIAL_DOTS[name][1]}.{WIDTHS[vector.width]}", acc.type, [acc.type, operand, operand])
             return b.call(fn, [acc, b.bitcast(a_group, operand), b.bitcast(b_groups, operand)])
-        if name == "dot4" and PAIR_PRODUCTS.get(vector.width, ("",))[0] in self.features:
-            return self.pair_products(b, PAIR_PRODUCTS[vector.width][1], a_group, b_groups, acc)
+        if name == "dot4" and (intrinsic := pmaddwd(vector.width, self.features)):
+            return self.pair_products(b, intrinsic, a_group, b_groups, acc)
         a_dtype, b_dtype = GROUP_DOTS[name]
         for j in range(4 // ITEMSIZE[a_dtype]):
             acc = self.multiply_add(b, _element(b, a_group, a_dtype, j), _element(b, b_groups, b_dtype, j), acc)
