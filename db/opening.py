@@ -42,7 +42,7 @@ def check_file(url: str) -> None:
     path = sqlite_file(url)
     if path is None or path.is_file():
         return
-    if path.exists():
+    if path.exists() and not path.is_file():  # asked again: another process may have created it meanwhile
         raise _opening(url, f"{path} is not a file")
     folder = path.parent
     if not folder.exists():
