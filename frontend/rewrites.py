@@ -232,21 +232,23 @@ def fuse_quantized_linears(quantize: fx.Node, edit: Editor) -> None:
     model holds and that have no epilogue of their own, their weights, scales and biases concatenated."""
     results = tuple(next((user for user in quantize.users if calls(user, {operator.getitem}) and user.args[1] == i),
                          None) for i in range(3))
-    members, scan = [], Scan(edit.captured)
+    members, scales, scan = [], {}, Scan(edit.captured)
     for user in results[0].users if results[0] is not None else ():
         if not calls(user, QUANTIZED_LINEAR) or tuple(user.args[:3]) != results:
             continue
-        weight, w_scale = (constant(user.args[i], edit.captured, integer=True) for i in (3, 4))
+        weight, scales[user] = (constant(user.args[i], edit.captured, integer=True) for i in (3, 4))
         bias = constant(user.args[5], edit.captured) if user.args[5] is not None else None
-        if weight is None or w_scale is None or (user.args[5] is not None and bias is None) or fused_activation(user, scan)[1]:
+        if weight is None or scales[user] is None or (user.args[5] is not None and bias is None) or \
+                fused_activation(user, scan)[1]:
             continue
-        members.append((user, weight, (w_scale, bias)))
+        members.append((user, weight, bias))
     if len(members) < 2:
         return
-    scales = torch_tensor(np.concatenate([w_scale for _, _, (w_scale, _) in members]))
-    fuse([(node, weight, bias) for node, weight, (_, bias) in members], edit, lambda nodes, weight, bias: edit.call(
-        nodes[0].target, (*results, weight, edit.attribute(f"fused_{nodes[0].name}_w_scale", scales), bias), nodes[0],
-        stack=common_stack(nodes)))
+    # the scales in the order `fuse` concatenates the weights: the graph's
+    w_scale = lambda nodes: edit.attribute(f"fused_{nodes[0].name}_w_scale",
+                                           torch_tensor(np.concatenate([scales[node] for node in nodes])))
+    fuse(members, edit, lambda nodes, weight, bias: edit.call(
+        nodes[0].target, (*results, weight, w_scale(nodes), bias), nodes[0], stack=common_stack(nodes)))
 
 
 def rewrite(captured: Captured) -> None:
