@@ -18,7 +18,7 @@ from db.job_locks import Claim
 from db.outage import unavailable, wait_until_reachable
 from db.queries import applies
 from db.queue import JobQueue
-from search_space import Config, ConfigSpace, Target, Workload, fallback_config, get_space
+from search_space import Config, ConfigSpace, Target, Workload, fallback_config, get_space, seed_configs
 from workers import MeasureInput, MeasureResult
 from workers.pool import NoWorkerHost, Pool, make_pool
 from workers.task import MeasureOptions, Task
@@ -272,7 +272,9 @@ class JobSearch:
     is built at the first step, from them and, with `options.transfer`, from the op's other shapes in the
     database: their best configs are measured first, then the template's fallback (so a tuned config is never
     worse than none), and xgb's cost model starts from their measurements (so a model's task tuned later,
-    another sequence length of a layer, learns from the tasks measured before it)."""
+    another sequence length of a layer, learns from the tasks measured before it). Where no other shape of the
+    op is known on the target, the template's seeds follow the fallback instead: the register blocks an analytic
+    model of the target picks (search_space.seed_configs), so that a first batch on a new CPU is already good."""
 
     def __init__(self, job_id: int, workload: Workload, target: Target, options: TuneOptions, database: Database,
                  on_result: Callable[[MeasureInput, MeasureResult], None] | None = None):
@@ -296,7 +298,8 @@ class JobSearch:
                 self.tuner.observe([i.config for i, _ in seen], [r for _, r in seen])
             borrowed = borrowed_configs(self.database, self.workload, self.target, self.tuner.space) if transfer else []
             default = fallback_config(self.workload, self.target)  # never tune to worse than not tuning
-            self.search = Borrowing(self.tuner, borrowed + [default])
+            seeds = seed_configs(self.workload, self.target) if transfer and not borrowed else []
+            self.search = Borrowing(self.tuner, borrowed + [default] + seeds)
         return self.search
 
     def _record(self, measure_input: MeasureInput, measured: MeasureResult) -> None:

@@ -55,6 +55,14 @@ def fallback_config(workload: Workload, target: Target | str = "llvm") -> Config
     return template(workload, target).fallback(workload, target, get_space(workload, target))
 
 
+def seed_configs(workload: Workload, target: Target | str = "llvm") -> list[Config]:
+    """The configs a search measures first where nothing of the op is known on the target (a template's `seeds`,
+    each once); none for a template that has no analytic choice to offer."""
+    target = Target.parse(target)
+    seeds = getattr(template(workload, target), "seeds", lambda *_: [])(workload, target, get_space(workload, target))
+    return list({config.index: config for config in seeds}.values())
+
+
 def lower(workload: Workload, target: Target | str, config: Config) -> Program:
     """Apply a config to the template: the concrete loop nest. Raises InvalidConfig for a foreign config."""
     target = Target.parse(target)

@@ -27,6 +27,7 @@ from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
 from .gemm import AMX, DOTS, FAMILIES, UNROLL_CHOICES, isas
 from .gemm_operands import input_buffers
+from .register_blocks import fills, seed_blocks
 
 VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
 DTYPE_VERSIONS = {"bfloat16": 2}  # bfloat16's configs gained the `isa` knob and its grouped layouts; float32's did not
@@ -69,7 +70,7 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     def fits(tile_k, tile_ow, vec):
         """kb splits into whole vectors, and accumulators + weight vectors + a broadcast fit the register file."""
         kb, owr = tile_k[1], tile_ow[1]
-        return kb % vec == 0 and kb // vec <= 4 and owr * (kb // vec) + kb // vec + 1 <= registers
+        return kb % vec == 0 and kb // vec <= 4 and fills(owr, kb // vec, registers)
 
     register_block = [(("tile_k", "tile_ow", "vec"), fits)]
     if workload.dtype not in FAMILIES:
@@ -96,6 +97,14 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     if "isa" in space_.knobs:
         want["isa"] = space_.knobs["isa"].candidates[-1]
     return space_.nearest(want)
+
+
+def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Config]:
+    """What a search measures first where nothing of the op is known on the target: the register blocks of
+    `seed_blocks` (output positions × channel vectors), the rest as the fallback."""
+    base = dict(fallback(workload, target, space_).values)
+    return [space_.nearest(base | {"vec": vec, "tile_ow": (-1, owr), "tile_k": (-1, kb)})
+            for vec, owr, kb in seed_blocks(space_, "tile_ow", "tile_k", max(KB_VECTORS), target.vector_registers)]
 
 
 class _Conv2d:

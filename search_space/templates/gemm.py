@@ -35,6 +35,7 @@ from ..workload import Workload
 from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
 from .gemm_operands import gemm_operands, input_buffers
+from .register_blocks import fills, reduction_block, seed_blocks
 
 VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
 DTYPE_VERSIONS = {"int8": 2}  # int8's `widen` multiplies by pmaddwd on x86 since version 2; float32's code is as it was
@@ -91,7 +92,7 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     def fits(tile_m, tile_n, vec):
         """The nr columns split into whole vectors, and accumulators + B vectors + a broadcast fit the register file."""
         mr, nr = tile_m[2], tile_n[2]
-        return nr % vec == 0 and mr * (nr // vec) + nr // vec + 1 <= registers and nr // vec <= 8
+        return nr % vec == 0 and fills(mr, nr // vec, registers) and nr // vec <= 8
 
     def tiles_fit(tile_m, tile_n):
         """Whole tiles (or the whole extent), and C's tiles beside one A or B tile and the smaller side's others
@@ -142,6 +143,19 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
         if want["isa"] in AMX:  # 2 × 2 tiles of C, k-blocks of 512
             want |= {"tile_m": (-1, 2, 2 * TILE), "tile_n": (-1, 2, 2 * TILE), "tile_k": (-1, 512), "unroll_k": 1}
     return space_.nearest(want)
+
+
+def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Config]:
+    """What a search measures first where nothing of the op is known on the target: the register blocks of
+    `seed_blocks`, k in blocks whose A rows and B panel fit half of L1, the rest as the fallback. None for AMX,
+    whose tile block the fallback already is."""
+    base = dict(fallback(workload, target, space_).values)
+    if base.get("isa") in AMX:
+        return []
+    itemsize, k_blocks = ITEMSIZE[gemm_operands(workload)[0].dtype], [s[1] for s in space_.knobs["tile_k"].candidates]
+    return [space_.nearest(base | {"vec": vec, "tile_m": (-1, base["tile_m"][1], mr), "tile_n": (-1, base["tile_n"][1], nr),
+                                   "tile_k": (-1, reduction_block(mr, nr, itemsize, k_blocks))})
+            for vec, mr, nr in seed_blocks(space_, "tile_m", "tile_n", 8, target.vector_registers)]
 
 
 class _Gemm:

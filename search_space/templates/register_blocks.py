@@ -1,0 +1,47 @@
+"""Register blocks: which fit the vector register file, and which a search measures first, before its cost model
+knows anything of the target. GEMM's rows × column vectors and conv2d's output positions × channel vectors are
+the same block: per step of the reduction, `vectors` loads, `rows` broadcasts and rows · vectors multiply-adds.
+The first measured are the blocks that keep the most multiply-adds per value brought in, as BLIS picks its
+micro-kernel from the register file alone (Low et al., "Analytical modeling is enough for high-performance
+BLIS", 2016).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from ..space import ConfigSpace
+
+L1_BYTES = 32 * 1024  # the data cache of every x86 core since Sandy Bridge, or more
+
+
+def fills(rows: int, vectors: int, registers: int) -> bool:
+    """Whether rows × vectors accumulators, one row of B's vectors and a broadcast fit `registers`."""
+    return rows * vectors + vectors + 1 <= registers
+
+
+def best_blocks(rows: Iterable[int], vectors: Iterable[int], registers: int, count: int = 2) -> list[tuple[int, int]]:
+    """The `count` (rows, vectors) blocks that fit with the most multiply-adds per value loaded, rows · vectors /
+    (rows + vectors); on a tie the block with more accumulators (more independent chains hide the FMA's latency)."""
+    blocks = [(r, v) for r in rows for v in vectors if fills(r, v, registers)]
+    return sorted(blocks, key=lambda b: (-b[0] * b[1] / (b[0] + b[1]), -b[0] * b[1]))[:count]
+
+
+def seed_blocks(space: ConfigSpace, rows_knob: str, columns_knob: str, most_vectors: int, registers: int
+                ) -> Iterator[tuple[int, int, int]]:
+    """(vec, rows, columns) of the blocks a search measures first: at the widest vectors and at half that width
+    (Zen 1 splits a 256-bit FMA in two, and its fastest GEMM blocks were 128-bit), the two best by `best_blocks`
+    among the register tiles the two split knobs offer."""
+    rows = sorted({split[-1] for split in space.knobs[rows_knob].candidates})
+    columns = sorted({split[-1] for split in space.knobs[columns_knob].candidates})
+    for vec in sorted(space.knobs["vec"].candidates, reverse=True)[:2]:
+        vectors = [c // vec for c in columns if c % vec == 0 and c // vec <= most_vectors]
+        for r, v in best_blocks(rows, vectors, registers):
+            yield vec, r, v * vec
+
+
+def reduction_block(rows: int, columns: int, itemsize: int, choices: Iterable[int]) -> int:
+    """The longest reduction block among `choices` whose `rows` of A and `columns` of B fill no more than half of
+    L1 (the rest for the output and what streams through); the shortest choice where none does."""
+    choices = sorted(choices)
+    fitting = [k for k in choices if k * (rows + columns) * itemsize <= L1_BYTES // 2]
+    return fitting[-1] if fitting else choices[0]

@@ -1,0 +1,100 @@
+"""The configs a search measures first on a target that knows nothing of the op: the register blocks that fill the
+register file with the most multiply-adds per value loaded, at the widest vectors and at half that width."""
+import pytest
+from isa_helpers import zen4
+
+from db import Database
+from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, matmul, seed_configs
+from search_space.templates.gemm import MR_CHOICES
+from search_space.templates.register_blocks import best_blocks, fills, reduction_block
+from tuner.tune import tune
+from workers import build
+from workers.pool import make_pool
+from workers.task import MeasureOptions
+
+AVX2 = Target.parse("llvm -mcpu=haswell -mattr=+avx,+avx2,+fma -threads=2")
+FAST = MeasureOptions(repeat=2, min_repeat_ms=1.0)
+
+
+def test_the_best_blocks_are_blis_analytic_choice_for_16_and_32_registers():
+    """16 registers (AVX2): 4 rows × 3 vectors (12 multiply-adds per 7 values loaded), then 6 × 2 (12 per 8; 3 × 3
+    is as good per load but has fewer accumulators); 32 (AVX-512): 6 × 4, then 5 × 4."""
+    assert best_blocks(MR_CHOICES, range(1, 9), 16) == [(4, 3), (6, 2)]
+    assert best_blocks(MR_CHOICES, range(1, 5), 32) == [(6, 4), (5, 4)]
+    assert all(fills(r, v, 16) for r, v in best_blocks(MR_CHOICES, range(1, 9), 16, count=100))
+    assert not fills(3, 4, 16) and fills(4, 3, 16)
+
+
+def test_the_reduction_block_keeps_a_and_b_in_half_of_l1():
+    assert reduction_block(6, 16, 4, (16, 32, 64, 128, 256, 768)) == 128  # 22 floats a step: 128 × 88 B ≤ 16 KiB
+    assert reduction_block(6, 64, 4, (16, 32, 64, 128)) == 32
+    assert reduction_block(64, 64, 4, (64, 128)) == 64  # none fits: the shortest
+
+
+# per target and op: (rows, vectors) of the seeds at the widest vectors, then at half that width
+EXPECTED = {
+    ("avx2", "dense"): [(4, 3), (6, 2)] * 2, ("avx2", "batch_matmul"): [(4, 3), (6, 2)] * 2,
+    ("avx2", "conv2d"): [(4, 3), (6, 2)] * 2,
+    # 4 × 6 vectors of 8 as good as 6 × 4 (24 per 10 loads): nr = 6 × 16 is no register tile of the space
+    ("avx512", "dense"): [(6, 4), (5, 4), (4, 6), (6, 4)], ("avx512", "batch_matmul"): [(6, 4), (5, 4), (4, 6), (6, 4)],
+    ("avx512", "conv2d"): [(6, 4), (5, 4)] * 2,  # conv2d's channel blocks stop at 4 vectors
+}
+
+
+@pytest.mark.parametrize("target", [AVX2, zen4()], ids=["avx2", "avx512"])
+@pytest.mark.parametrize("workload", [dense(128, 768, 768, bias=True), batch_matmul(12, 128, 64, 128),
+                                      conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1)], ids=["dense", "batch_matmul", "conv2d"])
+def test_seeds_are_the_best_blocks_at_the_two_widest_vectors(target, workload):
+    space, seeds = get_space(workload, target), seed_configs(workload, target)
+    rows, columns = ("tile_ow", "tile_k") if workload.op == "conv2d" else ("tile_m", "tile_n")
+    widest = max(space.knobs["vec"].candidates)
+    assert [seed["vec"] for seed in seeds] == [widest, widest, widest // 2, widest // 2]
+    kind = "avx512" if target.vector_registers == 32 else "avx2"
+    assert [(seed[rows][-1], seed[columns][-1] // seed["vec"]) for seed in seeds] == EXPECTED[kind, workload.op]
+    fallback = fallback_config(workload, target)
+    # the rest is the fallback's, where the register block leaves it valid
+    assert all(seed[knob] == fallback[knob] for seed in seeds for knob in ("order", "parallel"))
+    assert all(space.get(seed.index).to_dict() == seed.to_dict() for seed in seeds)
+
+
+def test_amx_seeds_nothing_but_the_narrowed_target_gets_its_vector_family():
+    """An AMX target's fallback is already a block of tiles; without AMX, the seeds are AVX-512 BF16's."""
+    workload = dense(128, 768, 768, dtype="bfloat16")
+    assert fallback_config(workload, zen4("avx512bf16", "amx-tile", "amx-bf16"))["isa"] == "amx-bf16"
+    assert seed_configs(workload, zen4("avx512bf16", "amx-tile", "amx-bf16")) == []
+    narrowed = seed_configs(workload, zen4("avx512bf16"))
+    assert len(narrowed) == 4 and {seed["isa"] for seed in narrowed} == {"avx512bf16"}
+
+
+@pytest.mark.parametrize("workload", [dense(37, 53, 29, bias=True, epilogue="gelu"), matmul(33, 70, 9),
+                                      batch_matmul(2, 17, 40, 31), conv2d(1, 5, 11, 9, 19, 3, 3, 2, 1)],
+                         ids=["dense", "matmul", "batch_matmul", "conv2d"])
+def test_every_seed_computes_the_reference_on_odd_shapes(workload):
+    inputs = workload.random_inputs()
+    expected = workload.reference(*inputs)
+    seeds = seed_configs(workload, "llvm")
+    assert seeds
+    for seed in seeds:
+        output = build(workload, "llvm", seed)(*inputs)
+        assert workload.max_error(output, expected) <= 1, dict(seed.values)
+
+
+def test_a_new_target_measures_the_fallback_then_the_seeds_and_a_known_op_borrows_instead(tmp_path):
+    """Nothing of dense known on the target: the fallback, then the seeds. Another shape of the same layer tuned
+    since: the new shape starts from its best, and its second batch is the tuner's, not the seeds. Transfer off
+    (the tuners compared on their own): no seeds either."""
+    target = Target.parse("llvm -threads=1")
+    first_shape, second_shape = dense(64, 96, 80, bias=True), dense(48, 96, 80, bias=True)
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    with make_pool("local") as pool:
+        first = tune(first_shape, target, 8, "xgb", database, pool, batch=4, measure=FAST)
+        measured = [i.config.index for i, _ in first.measured]
+        seeds = [seed.index for seed in seed_configs(first_shape, target)]
+        assert measured[:1 + len(seeds)] == [fallback_config(first_shape, target).index] + seeds
+        second = tune(second_shape, target, 8, "xgb", database, pool, batch=4, measure=FAST)
+        assert second.measured[0][0].config.to_dict() == first.best[0].config.to_dict()
+        assert not {seed.index for seed in seed_configs(second_shape, target)} & {
+            i.config.index for i, _ in second.measured[2:]}
+        alone = tune(first_shape, target, 6, "xgb", f"sqlite:///{tmp_path}/alone.db", pool, batch=3, measure=FAST,
+                     transfer=False)
+        assert [i.config.index for i, _ in alone.measured][1:1 + len(seeds)] != seeds
