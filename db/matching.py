@@ -50,13 +50,29 @@ def nearest_shapes(wanted: Workload, stored: list[Workload]) -> list[Workload]:
     return sorted(shapes, key=lambda other: size_distance(wanted, other))
 
 
-def fit_config(space: ConfigSpace, config: Config) -> Config | None:
+def fit_config(space: ConfigSpace, config: Config, vectors: tuple[Target, Target, tuple[str, ...]] | None = None
+               ) -> Config | None:
     """Another shape's config in `space`: the config with the same knob values where they are valid here, else
-    the nearest valid one; None when its knobs are another template's."""
+    the nearest valid one; None when its knobs are another template's. Another target's: with `vectors` (that
+    target, this one, the template's VECTOR_SPLITS), its vectors made this target's first (`on_vectors_of`)."""
     knobs = dict(config.values)
     if set(knobs) != set(space.knobs):
         return None
+    if vectors is not None and "vec" in knobs:
+        knobs = on_vectors_of(knobs, *vectors)
     try:
         return space.config(knobs)  # by values: an index is its own space's
     except InvalidConfig:
         return space.nearest(knobs)
+
+
+def on_vectors_of(knobs: dict, there: Target, here: Target, splits: tuple[str, ...]) -> dict:
+    """Knob values of a CPU config measured `there`, scaled to the vectors `here`: `vec` at the same rank from the
+    widest (an AVX-512 config's 16 lanes become AVX2's 8, its 8 lanes 4), and the register tiles counted in
+    vectors (the innermost factor of each split in `splits`) keeping their number of vectors."""
+    lanes = max(1, knobs["vec"] * here.vector_bits // there.vector_bits)
+    scaled = dict(knobs, vec=lanes)
+    for name in splits:
+        *outer, inner = knobs[name]
+        scaled[name] = (*outer, max(1, inner * lanes // knobs["vec"]))
+    return scaled

@@ -4,15 +4,17 @@ import pytest
 from isa_helpers import zen4
 
 from db import Database
+from db.matching import on_vectors_of
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, matmul, seed_configs
 from search_space.templates.gemm import MR_CHOICES
 from search_space.templates.register_blocks import best_blocks, fills, reduction_block
 from tuner.tune import tune
-from workers import build
+from workers import MeasureInput, build
 from workers.pool import make_pool
-from workers.task import MeasureOptions
+from workers.task import MeasureOptions, Task
 
 AVX2 = Target.parse("llvm -mcpu=haswell -mattr=+avx,+avx2,+fma -threads=2")
+SSE = Target.parse("llvm -mattr=+sse4.2 -threads=1")  # 4 lanes, runs on any x86 host
 FAST = MeasureOptions(repeat=2, min_repeat_ms=1.0)
 
 
@@ -98,3 +100,35 @@ def test_a_new_target_measures_the_fallback_then_the_seeds_and_a_known_op_borrow
         alone = tune(first_shape, target, 6, "xgb", f"sqlite:///{tmp_path}/alone.db", pool, batch=3, measure=FAST,
                      transfer=False)
         assert [i.config.index for i, _ in alone.measured][1:1 + len(seeds)] != seeds
+
+
+def test_another_cpus_config_keeps_its_rank_of_vector_width_and_its_count_of_vectors():
+    avx512, avx2 = zen4(), AVX2
+    knobs = {"vec": 16, "tile_n": (-1, 4, 32), "tile_m": (-1, 8, 6)}
+    assert on_vectors_of(knobs, avx512, avx2, ("tile_n",)) == {"vec": 8, "tile_n": (-1, 4, 16), "tile_m": (-1, 8, 6)}
+    assert on_vectors_of(knobs | {"vec": 8}, avx512, avx2, ("tile_n",))["vec"] == 4
+    assert on_vectors_of({"vec": 4, "tile_k": (-1, 12)}, SSE, avx512, ("tile_k",)) == {"vec": 16, "tile_k": (-1, 48)}
+
+
+def test_a_cpu_new_to_the_op_first_measures_another_cpus_best_scaled_to_its_vectors(tmp_path):
+    """dense measured on an SSE-only target (4 lanes): on the host (8 or 16 lanes), that config comes right after the
+    fallback, at the host's widest vectors, its register tile two vectors as there, every other knob as it was;
+    then the seeds."""
+    host, workload = Target.parse("llvm -threads=1"), dense(64, 96, 80, bias=True)
+    there = get_space(workload, SSE).nearest({"tile_m": (-1, 2, 4), "tile_n": (-1, 2, 8), "vec": 4, "tile_k": (-1, 32),
+                                              "unroll_k": 2, "order": ("mo", "ko", "no"), "inner_order": ("mi", "ni"),
+                                              "pack_b": True, "parallel": "none"})
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    with make_pool("local") as pool:
+        measure_input = MeasureInput(workload, SSE, there)
+        [result] = pool.measure([Task.of(measure_input)], FAST)
+        assert result.gflops > 0
+        database.record(measure_input, result)
+        here = tune(workload, host, 7, "xgb", database, pool, batch=7, measure=FAST)
+    measured = [i.config for i, _ in here.measured]
+    widest = host.vector_bits // 32
+    assert measured[0].index == fallback_config(workload, host).index
+    assert (measured[1]["vec"], measured[1]["tile_n"]) == (widest, (-1, 2, 2 * widest))
+    assert {k: v for k, v in measured[1].values if k not in ("vec", "tile_n")} == {
+        k: v for k, v in there.values if k not in ("vec", "tile_n")}
+    assert [c.index for c in measured[2:6]] == [c.index for c in seed_configs(workload, host)]

@@ -13,12 +13,13 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from db import Database
-from db.matching import fit_config
+from db.matching import fit_config, most_similar
 from db.job_locks import Claim
 from db.outage import unavailable, wait_until_reachable
-from db.queries import applies
+from db.queries import applies, stored_targets
 from db.queue import JobQueue
 from search_space import Config, ConfigSpace, Target, Workload, fallback_config, get_space, seed_configs
+from search_space.templates import template
 from workers import MeasureInput, MeasureResult
 from workers.pool import NoWorkerHost, Pool, make_pool
 from workers.task import MeasureOptions, Task
@@ -111,15 +112,20 @@ def history(database: Database, workload: Workload, target: Target, limit: int =
 BORROWED = 8  # other shapes whose best config a new job measures first, the nearest in size first
 
 
-def fitted_bests(database: Database, space: ConfigSpace, shapes: Iterable[tuple[Workload, Target]]
-                 ) -> list[Config]:
-    """The best stored config of each (shape, target) that fits into `space`, fitted, each once, in order."""
+def fitted_bests(database: Database, space: ConfigSpace, target: Target, shapes: Iterable[tuple[Workload, Target]],
+                 limit: int | None = None) -> list[Config]:
+    """The best stored config of each (shape, stored target) that fits into `space` on `target`, fitted (a config of
+    another target with its vectors scaled to this one's), each once, in order; the first `limit` of them."""
     found: dict[int, Config] = {}
-    for shape, target in shapes:
-        for best in database.best(shape, target):
-            if (fitted := fit_config(space, best.input.config)) is not None:
+    for shape, stored in shapes:
+        splits = getattr(template(shape, target), "VECTOR_SPLITS", ())
+        vectors = None if str(stored) == str(target) else (stored, target, splits)
+        for best in database.best(shape, stored):
+            if (fitted := fit_config(space, best.input.config, vectors)) is not None:
                 found.setdefault(fitted.index, fitted)
-    return list(found.values())
+        if limit is not None and len(found) >= limit:
+            break
+    return list(found.values())[:limit]
 
 
 def borrowed_configs(database: Database, workload: Workload, target: Target, space: ConfigSpace) -> list[Config]:
@@ -127,7 +133,18 @@ def borrowed_configs(database: Database, workload: Workload, target: Target, spa
     BORROWED, the nearest in size first), fitted into `space`: what a new shape (another sequence length) measures
     before its tuner's own proposals, so that its first configs are the ones known to be good."""
     nearest = database.nearest_shapes(workload, target)[:BORROWED]
-    return fitted_bests(database, space, ((other, target) for other in nearest))
+    return fitted_bests(database, space, target, ((other, target) for other in nearest))
+
+
+def transplanted_configs(database: Database, workload: Workload, target: Target, space: ConfigSpace) -> list[Config]:
+    """For a target that knows nothing of the op: the best stored configs of the workload and of its nearest shapes
+    on the other targets of its kind, the most similar first (db.matching.similarity), their vectors scaled to this
+    target's; up to BORROWED."""
+    with database.read_sessions() as session:
+        stored = stored_targets(session, target.kind)
+    shapes = ((shape, other) for other in most_similar(target, stored)
+              for shape in [workload] + database.nearest_shapes(workload, other)[:BORROWED])
+    return fitted_bests(database, space, target, shapes, BORROWED)
 
 
 class Borrowing:
@@ -273,8 +290,9 @@ class JobSearch:
     database: their best configs are measured first, then the template's fallback (so a tuned config is never
     worse than none), and xgb's cost model starts from their measurements (so a model's task tuned later,
     another sequence length of a layer, learns from the tasks measured before it). Where no other shape of the
-    op is known on the target, the template's seeds follow the fallback instead: the register blocks an analytic
-    model of the target picks (search_space.seed_configs), so that a first batch on a new CPU is already good."""
+    op is known on the target, the fallback is followed instead by the best configs of other targets, scaled to
+    this one's vectors (`transplanted_configs`), and the template's seeds: the register blocks an analytic model
+    of the target picks (search_space.seed_configs), so that a first batch on a new CPU is already good."""
 
     def __init__(self, job_id: int, workload: Workload, target: Target, options: TuneOptions, database: Database,
                  on_result: Callable[[MeasureInput, MeasureResult], None] | None = None):
@@ -296,9 +314,12 @@ class JobSearch:
             seen = self.known + self.result.measured
             if seen:
                 self.tuner.observe([i.config for i, _ in seen], [r for _, r in seen])
-            borrowed = borrowed_configs(self.database, self.workload, self.target, self.tuner.space) if transfer else []
+            space = self.tuner.space
+            borrowed = borrowed_configs(self.database, self.workload, self.target, space) if transfer else []
             default = fallback_config(self.workload, self.target)  # never tune to worse than not tuning
-            seeds = seed_configs(self.workload, self.target) if transfer and not borrowed else []
+            new_here = transfer and not borrowed and not seen  # nothing of the op known on this target
+            seeds = (transplanted_configs(self.database, self.workload, self.target, space)
+                     + seed_configs(self.workload, self.target)) if new_here else []
             self.search = Borrowing(self.tuner, borrowed + [default] + seeds)
         return self.search
 

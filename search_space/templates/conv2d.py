@@ -32,6 +32,7 @@ from .register_blocks import fills, seed_blocks
 VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
 DTYPE_VERSIONS = {"bfloat16": 2}  # bfloat16's configs gained the `isa` knob and its grouped layouts; float32's did not
 DTYPES = ("float32", "bfloat16", "int8")
+VECTOR_SPLITS = ("tile_k",)  # splits whose register tile is counted in vectors: scaled with `vec` to another CPU
 OWR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 28)
 KB_VECTORS = (1, 2, 3, 4)
 

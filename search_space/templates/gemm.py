@@ -40,6 +40,7 @@ from .register_blocks import fills, reduction_block, seed_blocks
 VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
 DTYPE_VERSIONS = {"int8": 2}  # int8's `widen` multiplies by pmaddwd on x86 since version 2; float32's code is as it was
 DTYPES = ("float32", "bfloat16", "int8")
+VECTOR_SPLITS = ("tile_n",)  # splits whose register tile is counted in vectors: scaled with `vec` to another CPU
 # per dtype whose packed B holds k in groups (as many as a 32-bit lane holds): the `isa` families (the one any CPU
 # has first, then the one named by its target feature), and the IR op each family's dot is
 FAMILIES = {"bfloat16": ("fma", "avx512bf16", "amx-bf16"), "int8": ("widen", "avx512vnni", "amx-int8")}
