@@ -4,7 +4,8 @@
 `cuda` names the device and its compute capability. The string form is TVM-like:
 `llvm -mcpu=znver4 -mattr=+avx2,+avx512f,+fma -threads=2`, `cuda -device=NVIDIA_A100 -arch=sm_80`.
 `-mattr` lists the vector features a kernel may use (`+avx2,+fma`: those alone); a list of removals only
-(`-mattr=-avx512bf16`, `-mattr=-amx-tile`) narrows the host's.
+(`-mattr=-avx512bf16`, `-mattr=-amx-tile`) narrows the host's, features that need a removed one going too, as in
+LLVM (`-mattr=-avx` leaves no AVX-512).
 `cuda` alone is the host's GPU (read through CuPy; a TargetError says why when there is none);
 `cuda -arch=sm_90` names an architecture with no device, enough to lower and compile. A CPU or feature name
 that LLVM does not know is refused (UnknownName), with the names it knows close to it, where the text is a user's.
@@ -24,6 +25,19 @@ KINDS = ("llvm", "cuda")
 # the vector (and AMX's matrix) features a kernel may use: what a target names and a kernel tuned for it keeps to
 VECTOR_FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx512vnni", "neon",
                    "sve", "amx-tile", "amx-bf16", "amx-int8")
+
+# what each needs, as LLVM has it: narrowing a feature off narrows off those that need it (-avx leaves no AVX-512)
+REQUIRES = {"avx2": ("avx",), "fma": ("avx",), "avx512f": ("avx2", "fma"), "avx512bw": ("avx512f",),
+            "avx512vl": ("avx512f",), "avx512dq": ("avx512f",), "avx512bf16": ("avx512bw",), "avx512vnni": ("avx512f",),
+            "amx-bf16": ("amx-tile",), "amx-int8": ("amx-tile",)}
+
+
+def without(features: Collection[str], removed: Collection[str]) -> set[str]:
+    """`features` less `removed` and every feature that needs one of them."""
+    kept = set(features) - set(removed)
+    while needy := {f for f in kept if not set(REQUIRES.get(f, ())) <= kept}:
+        kept -= needy
+    return kept
 
 
 class TargetError(ValueError):
@@ -75,7 +89,7 @@ class Target:
             for entry in entries if check_names else ():
                 require_known("feature", entry[1:] if entry[0] in "+-" else entry, target.features)
             if entries and all(entry.startswith("-") for entry in entries):
-                kept = set(target.features) - {entry[1:] for entry in entries}
+                kept = without(target.features, {entry[1:] for entry in entries})
             else:
                 kept = {entry[1:] for entry in entries if entry.startswith("+")}
             target = replace(target, features=tuple(sorted(kept)))

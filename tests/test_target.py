@@ -51,3 +51,17 @@ def test_tune_for_a_cpu_llvm_does_not_know_is_one_line(tmp_path):
     assert done.returncode == 1 and done.stdout == "" and not (tmp_path / "t.db").exists(), done.stderr
     assert done.stderr.startswith("error: unknown CPU 'notacpu' for llvm;"), done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_narrowing_a_feature_off_narrows_off_those_that_need_it():
+    """As LLVM's -mattr=-avx does: on an AVX-512 host a target narrowed off AVX keeps no AVX-512 feature (it
+    kept them, and `widen`'s peak was offered a target with no AVX)."""
+    from search_space.target import without
+
+    zen4 = {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx512vnni"}
+    assert without(zen4, {"avx"}) == set()
+    assert without(zen4, {"avx512bw"}) == {"avx", "avx2", "fma", "avx512f", "avx512vl", "avx512dq", "avx512vnni"}
+    assert without(zen4 | {"amx-tile", "amx-bf16", "amx-int8"}, {"amx-tile"}) == zen4
+    assert without(zen4, {"avx512bf16"}) == zen4 - {"avx512bf16"}
+    narrowed = Target.parse("llvm -mattr=-avx,-avx2,-fma")
+    assert not {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"} & set(narrowed.features)
