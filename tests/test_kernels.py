@@ -99,6 +99,27 @@ def test_bound_dense_weights_are_packed_once():
     np.testing.assert_allclose(kernel(x, bound_w), x @ bound_w.T, rtol=1e-4, atol=1e-4)
 
 
+def test_dense_weights_are_packed_by_transposing_blocks_in_registers():
+    """A trained dense packs its W at every call: W's rows are loaded as vectors and transposed in registers, each
+    panel row stored whole, no element moved on its own where the blocks are whole; the rows and columns a block
+    leaves (N and K not multiples of the vector) are packed too."""
+    from search_space import lower
+    from workers.build import generated_assembly
+
+    target = Target.parse("llvm -mcpu=znver4 -mattr=+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512dq,+avx512vl -threads=1")
+    workload = dense(32, 64, 48)
+    assembly = generated_assembly(lower(workload, target, fallback_config(workload, target)), target)
+    pack = assembly[assembly.index("pack_W:"):assembly.index(".Lfunc_end", assembly.index("pack_W:"))]
+    moves = [line.split() for line in pack.splitlines() if line.startswith("\tvmov")]
+    stores = [move for move in moves if move[-1].endswith(")")]
+    assert stores and all("%zmm" in move[1] for move in stores), stores[:4]
+    assert not {"vmovss", "vextractps"} & {move[0] for move in moves}
+    for workload in (dense(3, 70, 50, bias=True), dense(2, 17, 16), dense(1, 16, 35)):
+        kernel = build(workload, "llvm", fallback_config(workload, "llvm"))
+        inputs = workload.random_inputs()
+        assert workload.max_error(kernel(*inputs), workload.reference(*inputs)) <= 1, workload.key
+
+
 @pytest.mark.parametrize("bad, message", [
     (lambda a, b: (a[:, :-1], b), "expected shape (16, 24), got (16, 23)"),
     (lambda a, b: (a.astype(np.float64), b), "expected dtype float32, got float64"),

@@ -213,6 +213,8 @@ class LLVMCodegen:
                     raise CodegenError(f"nested vectorized loops {vector.var} and {stmt.var}")
                 if (interleaved := _interleaved(stmt)) is not None:
                     self.interleaved_copy(f, _Vector(stmt.var, stmt.extent), *interleaved)
+                elif (transposed := _transposed(stmt)) is not None:
+                    self.transposed_copy(f, _Vector(stmt.var, stmt.extent), *transposed)
                 else:
                     self.stmts(f, stmt.body, _Vector(stmt.var, stmt.extent))
             else:  # serial, or parallel below the top level / on one thread
@@ -325,6 +327,32 @@ class LLVMCodegen:
         del f.env[group.var]
         f.forget(store.buffer.name)
         b.store(value, address, align=store.buffer.itemsize)
+
+    def transposed_copy(self, f: _Function, vector: _Vector, rows: Loop, store: Store) -> None:
+        """dst[l, k] = src[k, l] over a square block of w × w (w a power of two): w vector loads along the source's
+        rows, a transposition in registers by log2(w) rounds of two-vector shuffles (round t swaps bit t of the row
+        and lane indices), w vector stores along the destination's rows; not w² single-lane stores."""
+        b, width = f.builder, vector.width
+        lines = []
+        for row in range(width):
+            f.env[rows.var] = row
+            lines.append(self.load(f, store.value, vector, raw=True))
+        bit = 1
+        while bit < width:
+            low = ir.Constant(ir.VectorType(I32, width), [c if not c & bit else width + (c ^ bit) for c in range(width)])
+            high = ir.Constant(ir.VectorType(I32, width), [c ^ bit if not c & bit else width + c for c in range(width)])
+            for r in range(width):
+                if not r & bit:
+                    lines[r], lines[r | bit] = (b.shuffle_vector(lines[r], lines[r | bit], low),
+                                                b.shuffle_vector(lines[r], lines[r | bit], high))
+            bit *= 2
+        f.forget(store.buffer.name)
+        for lane, line in enumerate(lines):  # line `lane` holds lane `lane` of every source row: a destination row
+            f.env[vector.var] = lane
+            f.env[rows.var] = 0
+            address = self.address(f, store.buffer, self.index_parts(f, store.buffer.flat(store.index), None), line.type)
+            b.store(line, address, align=store.buffer.itemsize)
+        del f.env[vector.var], f.env[rows.var]
 
     def store(self, f: _Function, stmt: Store, vector: _Vector | None) -> None:
         b, buffer = f.builder, stmt.buffer
@@ -573,6 +601,23 @@ def _interleaved(loop: Loop) -> tuple[Loop, Store] | None:
     if not copy or (offset.coeff(loop.var), offset.coeff(group.var), source.coeff(loop.var)) != (group.extent, 1, 1):
         return None
     return group, store
+
+
+def _transposed(loop: Loop) -> tuple[Loop, Store] | None:
+    """(the row loop, its store) when a vectorized loop of w lanes holds only an unrolled loop of w copies (w a power
+    of two) dst[.., l, k] = src[.., k, l] (same dtype), the source moving one element a lane, the destination one
+    element a row: a square block transposed (dense's weights packed into panels)."""
+    rows = loop.body[0] if len(loop.body) == 1 and isinstance(loop.body[0], Loop) else None
+    if (rows is None or rows.kind != "unrolled" or rows.extent != loop.extent or loop.extent & (loop.extent - 1)
+            or len(rows.body) != 1 or not isinstance(rows.body[0], Store)):
+        return None
+    store = rows.body[0]
+    if not isinstance(store.value, Load) or store.value.buffer.dtype != store.buffer.dtype:
+        return None
+    offset, source = store.buffer.flat(store.index), store.value.buffer.flat(store.value.index)
+    if offset.coeff(rows.var) != 1 or abs(offset.coeff(loop.var)) < loop.extent or source.coeff(loop.var) != 1:
+        return None  # (destination rows that overlap are left to the lane-by-lane stores)
+    return rows, store
 
 
 def widen(b: ir.IRBuilder, value, dtype: str):

@@ -223,9 +223,11 @@ class _Gemm:
 
         def panel(b, p0, width):
             p = p0.exact_div(self.nr)
-            if self.workload.op == "dense":  # W rows are contiguous along k: read them in order
-                return [Loop("l", width, "serial", (Loop("k", self.k, "serial", (
-                    self.bp.store(self._batch(b, p, var("k"), var("l")), self.b[p0 + var("l"), var("k")]),)),))]
+            if self.workload.op == "dense":  # W's rows are along k: a transposition, in blocks of vec × vec
+                block = lambda l0, rows: tiled("kb", self.k, self.vec, 0, lambda k0, lanes: [
+                    Loop("k", lanes, "vectorized", (Loop("l", rows, "unrolled", (self.bp.store(
+                        (p, k0 + var("k"), l0 + var("l")), self.b[p0 + l0 + var("l"), k0 + var("k")]),)),))])
+                return tiled("lb", width, self.vec, 0, block)
             return [Loop("k", self.k, "serial", (Loop("l", width, "vectorized", (
                 self.bp.store(self._batch(b, p, var("k"), var("l")), self.b_element(b, var("k"), p0 + var("l"))),)),))]
 
