@@ -1,8 +1,8 @@
 """`tensortune bench model MODEL --profile`: where a model's time goes, before anything is changed to win it back.
 
-Each tuned op of the model (a task, as extract_tasks finds it) is timed three ways in one run: in the model, as
-torch.profiler sees the tensortune backend's kernels run (weights coming from memory, threads woken between
-PyTorch's operators); alone, its kernel with the config the backend picks, weights bound; and alone, the PyTorch
+Each tuned op of the model (a task, as extract_tasks finds it) is timed three ways in one run: in the model, each
+kernel call of the tensortune backend timed by the clock around it (weights coming from memory, threads woken
+between PyTorch's operators; not torch.profiler's events, whose own cost swamps a kernel of 30 µs); alone, its kernel with the config the backend picks, weights bound; and alone, the PyTorch
 operators eager runs for it (dense's bias and activation included), alternating with the kernel. Counted as often
 as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the kernels do
 not account for of tensortune's time in the model is the time outside them; eager's is estimated from its
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -18,8 +19,8 @@ from search_space import Target, Workload
 from workers.reference import head_to_head, inference_call, int8_calls, torch_conv2d, torch_epilogue
 from workers.torch_arrays import torch_tensor
 
-PREFIX = "tensortune "  # the backend's profiler events: this and the workload's key
-FORWARDS = 10  # profiled forward passes
+PREFIX = "tensortune "  # the backend's names of its kernel calls: this and the workload's key
+FORWARDS = 10  # forward passes whose kernel calls are timed
 
 
 def torch_op(workload: Workload, inputs: list, threads: int) -> Callable:
@@ -40,15 +41,15 @@ def torch_op(workload: Workload, inputs: list, threads: int) -> Callable:
 
 
 def in_model_seconds(compiled, inputs: tuple) -> dict[str, float]:
-    """Seconds per call of each tuned kernel (by workload key) over FORWARDS calls of the compiled model."""
-    import torch
+    """Seconds per call of each tuned kernel (by workload key), the median over FORWARDS calls of the compiled
+    model."""
+    from frontend.backend import kernel_clock
 
-    compiled(*inputs)  # compiled and warm before the profile
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+    compiled(*inputs)  # compiled and warm before the clock
+    with kernel_clock() as seconds:
         for _ in range(FORWARDS):
             compiled(*inputs)
-    return {event.key[len(PREFIX):]: event.cpu_time_total / event.count / 1e6
-            for event in profile.key_averages() if event.key.startswith(PREFIX)}
+    return {name[len(PREFIX):]: float(np.median(values)) for name, values in seconds.items()}
 
 
 def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str) -> list[dict]:
@@ -94,5 +95,5 @@ def print_profile(row: dict) -> None:
                       f"{op['torch_us']:.1f}", f"{op['torch_us'] / op['tensortune_us']:.2f}x", f"{op['loss_ms']:+.3f}")
     Console().print(table)
     print(f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms of {row['tensortune_ms']:.2f} "
-          f"(its kernels as profiled in the model), eager {row['outside_ms']['eager']:.2f} ms of {row['eager_ms']:.2f} "
+          f"(its kernels as timed in the model), eager {row['outside_ms']['eager']:.2f} ms of {row['eager_ms']:.2f} "
           "(its operators as timed alone)")

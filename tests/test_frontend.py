@@ -364,3 +364,25 @@ def test_the_bench_transformer_block_is_one_qkv_dense_two_attention_products_and
         dense(32, 1536, 512, bias=True): 1, dense(32, 512, 512, bias=True): 1,
         dense(32, 2048, 512, bias=True, epilogue="gelu_erf"): 1, dense(32, 512, 2048, bias=True): 1,
         batch_matmul(8, 32, 32, 64): 1, batch_matmul(8, 32, 64, 32): 1}
+
+
+def test_the_kernel_clock_times_each_tuned_call_by_its_workload_and_only_within_it(tmp_path):
+    """bench model --profile's in-model column: each kernel call's seconds by the clock around it, named as the
+    profiler names its event; nothing is kept once the clock is off, and torch.profiler still sees the events."""
+    from frontend.backend import kernel_clock
+
+    torch._dynamo.reset()
+    model, inputs = mixed()
+    compiled = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/c.db"})
+    keys = {f"tensortune {task.workload.key}" for task in extract_tasks(model, inputs)}
+    with torch.inference_mode():
+        compiled(*inputs)
+        with kernel_clock() as seconds:
+            for _ in range(3):
+                compiled(*inputs)
+        assert set(seconds) == keys and all(len(values) == 3 and min(values) > 0 for values in seconds.values())
+        kept = {name: list(values) for name, values in seconds.items()}
+        with torch.profiler.profile() as profile:
+            compiled(*inputs)
+    assert seconds == kept
+    assert keys <= {event.key for event in profile.key_averages()}

@@ -24,7 +24,8 @@ exact, unlike `pmaddubsw`'s saturating one), elsewhere splits it into bytes; `do
 VNNI's `vpdpbusd`.
 
 A `tile` nest (k groups, rows, columns around one `dot2_amx` or `dot4_amx` into a block of C)
-becomes AMX tile products (llvm_amx).
+becomes AMX tile products (llvm_amx). Two copies are emitted as whole vectors: g rows interleaved into
+groups (`interleaved_copy`) and a square block transposed (`transposed_copy`).
 """
 from __future__ import annotations
 
