@@ -1,4 +1,5 @@
-"""`python -m bench.cache_flush [MODEL] [--trials N]`: why tuning flushes the CPU's caches before each timed call.
+"""`python -m bench.cache_flush [MODEL] [--trials N] [--seq-len L]`: why tuning flushes the CPU's caches before each
+timed call.
 
 The model is tuned twice from an empty database under one budget, once with the caches flushed before
 each call (the default) and once warm; then eager PyTorch and the model compiled with each database's
@@ -17,14 +18,14 @@ from workers.reference import head_to_head
 PROTOCOLS = {"flushed": MeasureOptions(), "warm": MeasureOptions(flush_cache=False)}
 
 
-def run(model_name: str, trials: int, rounds: int = 9) -> dict:
+def run(model_name: str, trials: int, rounds: int = 9, seq_len: int | None = None) -> dict:
     import torch
 
     from frontend import extract_tasks
     from frontend.presets import load_model
     from tuner.scheduler import tune_tasks
 
-    model, inputs = load_model(model_name)
+    model, inputs = load_model(model_name, seq_len)
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as folder:
         urls = {name: f"sqlite:///{Path(folder) / name}.db" for name in PROTOCOLS}
@@ -40,7 +41,7 @@ def run(model_name: str, trials: int, rounds: int = 9) -> dict:
                 run_(*inputs)  # compiles, and warms up
             seconds = head_to_head({name: (lambda run_=run_: run_(*inputs)) for name, run_ in runs.items()},
                                    threads, rounds=rounds, min_repeat_ms=200)
-    return {"model": model_name, "trials": trials, "threads": threads,
+    return {"model": model_name, "seq_len": seq_len, "trials": trials, "threads": threads,
             "estimated_ms": {name: round(ms, 3) for name, ms in estimated.items()},
             "measured_ms": {name: round(s * 1e3, 3) for name, s in seconds.items()},
             "speedup": {name: round(seconds["eager"] / s, 3) for name, s in seconds.items() if name != "eager"}}
@@ -50,8 +51,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default="bert-layer")
     parser.add_argument("--trials", type=int, default=300)
+    parser.add_argument("--seq-len", type=int, help="the sequence length to make the model at")
     args = parser.parse_args()
-    print(json.dumps(run(args.model, args.trials)))
+    print(json.dumps(run(args.model, args.trials, seq_len=args.seq_len)))
 
 
 if __name__ == "__main__":
