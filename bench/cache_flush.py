@@ -48,7 +48,7 @@ def run(model_name: str, trials: int, rounds: int = 9, seq_len: int | None = Non
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", default="bert-layer")
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seq-len", type=int, help="the sequence length to make the model at")
