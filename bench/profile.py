@@ -2,8 +2,9 @@
 
 Each tuned op of the model (a task, as extract_tasks finds it) is timed three ways in one run: in the model, each
 kernel call of the tensortune backend timed by the clock around it (weights coming from memory, threads woken
-between PyTorch's operators; not torch.profiler's events, whose own cost swamps a kernel of 30 µs); alone, its kernel with the config the backend picks, weights bound; and alone, the PyTorch
-operators eager runs for it (dense's bias and activation included), alternating with the kernel. Counted as often
+between PyTorch's operators; torch.profiler's events added up to 65 µs a call, twice a small kernel's time);
+alone, its kernel with the config the backend picks, weights bound; and alone, the PyTorch operators eager runs
+for it (dense's bias and activation included), alternating with the kernel. Counted as often
 as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the kernels do
 not account for of tensortune's time in the model is the time outside them; eager's is estimated from its
 operators' times alone."""

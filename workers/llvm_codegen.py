@@ -340,19 +340,20 @@ class LLVMCodegen:
             lines.append(self.load(f, store.value, vector, raw=True))
         bit = 1
         while bit < width:
-            low = ir.Constant(ir.VectorType(I32, width), [c if not c & bit else width + (c ^ bit) for c in range(width)])
-            high = ir.Constant(ir.VectorType(I32, width), [c ^ bit if not c & bit else width + c for c in range(width)])
+            lanes = ir.VectorType(I32, width)
+            low = ir.Constant(lanes, [c if not c & bit else width + (c ^ bit) for c in range(width)])
+            high = ir.Constant(lanes, [c ^ bit if not c & bit else width + c for c in range(width)])
             for r in range(width):
                 if not r & bit:
                     lines[r], lines[r | bit] = (b.shuffle_vector(lines[r], lines[r | bit], low),
                                                 b.shuffle_vector(lines[r], lines[r | bit], high))
             bit *= 2
         f.forget(store.buffer.name)
+        offset = store.buffer.flat(store.index)
         for lane, line in enumerate(lines):  # line `lane` holds lane `lane` of every source row: a destination row
-            f.env[vector.var] = lane
-            f.env[rows.var] = 0
-            address = self.address(f, store.buffer, self.index_parts(f, store.buffer.flat(store.index), None), line.type)
-            b.store(line, address, align=store.buffer.itemsize)
+            f.env[vector.var], f.env[rows.var] = lane, 0
+            b.store(line, self.address(f, store.buffer, self.index_parts(f, offset, None), line.type),
+                    align=store.buffer.itemsize)
         del f.env[vector.var], f.env[rows.var]
 
     def store(self, f: _Function, stmt: Store, vector: _Vector | None) -> None:
