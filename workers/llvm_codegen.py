@@ -589,18 +589,27 @@ class LLVMCodegen:
         return self._memo(f, ("address", buffer.name, None if symbolic is None else id(symbolic), const, str(typ)), emit)
 
 
+def _unrolled_copy(loop: Loop) -> tuple[Loop, Store, Affine, Affine] | None:
+    """(the inner loop, its store, the destination's and the source's offsets) when a vectorized loop holds only an
+    unrolled loop (of a power-of-two extent) of one copy between buffers of one dtype."""
+    inner = loop.body[0] if len(loop.body) == 1 and isinstance(loop.body[0], Loop) else None
+    if (inner is None or inner.kind != "unrolled" or inner.extent & (inner.extent - 1) or len(inner.body) != 1
+            or not isinstance(inner.body[0], Store)):
+        return None
+    store = inner.body[0]
+    if not isinstance(store.value, Load) or store.value.buffer.dtype != store.buffer.dtype:
+        return None
+    return inner, store, store.buffer.flat(store.index), store.value.buffer.flat(store.value.index)
+
+
 def _interleaved(loop: Loop) -> tuple[Loop, Store] | None:
     """(the group loop, its store) when a vectorized loop holds only an unrolled loop of g copies dst[.., l, j] =
-    src[.., j, .., l] (same dtype) whose destinations interleave: lane l of copy j at g·l + j."""
-    group = loop.body[0] if len(loop.body) == 1 and isinstance(loop.body[0], Loop) else None
-    if (group is None or group.kind != "unrolled" or group.extent & (group.extent - 1) or len(group.body) != 1
-            or not isinstance(group.body[0], Store)):
+    src[.., j, .., l] (same dtype, not float32) whose destinations interleave: lane l of copy j at g·l + j."""
+    found = _unrolled_copy(loop)
+    if found is None or found[1].buffer.dtype == "float32":
         return None
-    store = group.body[0]
-    offset = store.buffer.flat(store.index)
-    copy = isinstance(store.value, Load) and store.value.buffer.dtype == store.buffer.dtype != "float32"
-    source = store.value.buffer.flat(store.value.index) if copy else None
-    if not copy or (offset.coeff(loop.var), offset.coeff(group.var), source.coeff(loop.var)) != (group.extent, 1, 1):
+    group, store, offset, source = found
+    if (offset.coeff(loop.var), offset.coeff(group.var), source.coeff(loop.var)) != (group.extent, 1, 1):
         return None
     return group, store
 
@@ -609,14 +618,10 @@ def _transposed(loop: Loop) -> tuple[Loop, Store] | None:
     """(the row loop, its store) when a vectorized loop of w lanes holds only an unrolled loop of w copies (w a power
     of two) dst[.., l, k] = src[.., k, l] (same dtype), the source moving one element a lane, the destination one
     element a row: a square block transposed (dense's weights packed into panels)."""
-    rows = loop.body[0] if len(loop.body) == 1 and isinstance(loop.body[0], Loop) else None
-    if (rows is None or rows.kind != "unrolled" or rows.extent != loop.extent or loop.extent & (loop.extent - 1)
-            or len(rows.body) != 1 or not isinstance(rows.body[0], Store)):
+    found = _unrolled_copy(loop)
+    if found is None or found[0].extent != loop.extent:
         return None
-    store = rows.body[0]
-    if not isinstance(store.value, Load) or store.value.buffer.dtype != store.buffer.dtype:
-        return None
-    offset, source = store.buffer.flat(store.index), store.value.buffer.flat(store.value.index)
+    rows, store, offset, source = found
     if offset.coeff(rows.var) != 1 or abs(offset.coeff(loop.var)) < loop.extent or source.coeff(loop.var) != 1:
         return None  # (destination rows that overlap are left to the lane-by-lane stores)
     return rows, store
