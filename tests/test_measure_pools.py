@@ -259,11 +259,13 @@ def test_tuning_flushes_twice_the_last_level_cache_before_each_call_by_default()
     per process); warm, as the benchmarks' references run, it times many calls per sample."""
     import numpy as np
 
+    from search_space import Target
+    from workers.flush import host_flusher
     from workers.task import HostTimedCall
-    from workers.timing import cache_flusher, last_level_cache_bytes
+    from workers.timing import host_flush_buffer, last_level_cache_bytes
 
-    calls = []
-    timed = HostTimedCall(lambda: calls.append(1), np.zeros(1))
+    calls, target = [], Target.parse("llvm")
+    timed = HostTimedCall(lambda: calls.append(1), np.zeros(1), target)
     timed.samples(MeasureOptions(repeat=3))
     assert len(calls) == 1 + 3
     calls.clear()
@@ -272,7 +274,7 @@ def test_tuning_flushes_twice_the_last_level_cache_before_each_call_by_default()
     sizes = [int(open(f"/sys/devices/system/cpu/cpu0/cache/index{i}/size").read().strip().rstrip("K")) << 10
              for i in range(4) if os.path.exists(f"/sys/devices/system/cpu/cpu0/cache/index{i}/size")]
     assert last_level_cache_bytes() == max(sizes, default=32 << 20)
-    assert cache_flusher(2 * last_level_cache_bytes()) is cache_flusher(2 * last_level_cache_bytes())
+    assert host_flush_buffer() is host_flush_buffer() and host_flusher(target) is host_flusher(target)
 
 
 def test_a_host_that_joins_or_leaves_is_followed(ray_pool, ray_cluster):

@@ -3,6 +3,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from search_space import Target
+from workers import compile_program
+from workers.build import generated_code
+from workers.flush import flush_program
+
 REPO = Path(__file__).resolve().parents[1]
 
 # In a fresh process: whatever this one allocated and freed before (a flush buffer of an earlier test, say) could
@@ -10,7 +18,9 @@ REPO = Path(__file__).resolve().parents[1]
 FLUSHED = '''
 import os
 import numpy as np
-from workers import MeasureOptions
+from search_space import Target
+from workers import MeasureOptions, compile_program
+from workers.flush import flush_program
 from workers.task import HostTimedCall
 from workers.timing import last_level_cache_bytes
 
@@ -18,7 +28,9 @@ def resident_bytes():
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-timed = HostTimedCall(lambda: None, np.zeros(1))
+target = Target.parse("llvm")
+timed = HostTimedCall(lambda: None, np.zeros(1), target)
+compile_program(flush_program(target.threads, 1, 16), target)  # LLVM's own memory, before the count
 before = resident_bytes()
 timed.samples(MeasureOptions(repeat=1))
 print(resident_bytes() - before, 2 * last_level_cache_bytes())
@@ -33,3 +45,17 @@ def test_the_flush_before_a_timed_call_writes_twice_the_last_level_cache():
     assert done.returncode == 0, done.stderr
     written, wanted = map(int, done.stdout.split())
     assert wanted <= written < wanted + (16 << 20), (written, wanted)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_flush_writes_every_float_of_its_buffer_on_the_targets_threads(threads):
+    """The flush is a kernel whose parallel loop runs through libgomp, as the timed kernels' loops do (so their
+    threads are awake when the timed call starts, as in a model); each call adds one to every float it owns."""
+    target = Target.parse(f"llvm -threads={threads}")
+    program = flush_program(threads, rows=5, width=target.vector_bits // 32)
+    assert ("GOMP_parallel" in generated_code(program, target)) == (threads > 1)
+    (function,), compiled = compile_program(program, target)
+    lines = np.zeros(program.buffers[0].shape, np.float32)
+    for calls in (1, 2):
+        function(lines.ctypes.data)
+        assert (lines == calls).all()

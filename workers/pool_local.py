@@ -29,7 +29,7 @@ from .host_lock import HostLock, default_path
 from .pool import NoWorkerHost, PoolOptions
 from .result import MeasureResult, Outcome
 from .task import Built, MeasureOptions, Task, build_step, failed, run_step
-from .timing import host_flusher
+from .timing import host_flush_buffer
 
 FAULT_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 STARTED = "started"
@@ -86,7 +86,7 @@ def fault_in_flush_buffer() -> dict:
     timeouts so on a loaded host. A MemoryError here is met again, and recorded, in run_step."""
     start = time.perf_counter()
     with suppress(MemoryError):
-        host_flusher()()
+        host_flush_buffer()
     return {"setup": time.perf_counter() - start}
 
 

@@ -21,12 +21,13 @@ import numpy as np
 from search_space import InvalidConfig, NoTemplate, Target, Workload, WorkloadError
 
 from .build import build, resolve_config
+from .flush import host_flusher
 from .kernel import Kernel
 from .llvm_codegen import CodegenError
 from .llvm_jit import CompileError
 from .reference import inference_call
 from .result import MeasureInput, MeasureResult, Outcome
-from .timing import host_flusher, time_samples
+from .timing import time_samples
 
 
 @dataclass(frozen=True)
@@ -121,17 +122,19 @@ class TimedCall(Protocol):
 @dataclass
 class HostTimedCall:
     """A CPU kernel's inference call over fixed inputs (dense weights packed once, as deployed), timed by
-    the host's clock; workers.cuda_measure.CudaTimedCall is its GPU counterpart."""
+    the host's clock, after a flush by the target's threads (workers.flush); workers.cuda_measure.CudaTimedCall
+    is its GPU counterpart."""
 
     call: Callable[[], object]
     out: np.ndarray
+    target: Target
 
     def output(self) -> np.ndarray:
         self.call()
         return self.out
 
     def samples(self, options: MeasureOptions) -> list[float]:
-        flush = host_flusher() if options.flush_cache else None
+        flush = host_flusher(self.target) if options.flush_cache else None
         return time_samples(self.call, options.repeat, options.min_repeat_ms, flush, options.cooldown_ms)
 
 
@@ -139,7 +142,7 @@ def timed_call(kernel, inputs) -> TimedCall:
     if kernel.target.kind == "cuda":
         from .cuda_measure import CudaTimedCall
         return CudaTimedCall(kernel, inputs)
-    return HostTimedCall(*inference_call(kernel, inputs))
+    return HostTimedCall(*inference_call(kernel, inputs), kernel.target)
 
 
 def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
