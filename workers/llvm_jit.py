@@ -46,13 +46,19 @@ def _request_tile_data() -> None:
 
 @cache
 def _feature_string(features: tuple[str, ...], exact: bool = False) -> str:
-    """The host's features, less the vector features the target lacks (and, when `exact`, plus those it has)."""
+    """To run here: the host's features, less the vector features the target lacks. To read (`exact`): the target's
+    vector features over what its CPU model has by default, the host's left out, so that another CPU's target
+    reads as that CPU runs it (on a Zen 5 host, a Zen 3 target's int8 dot had AVX-VNNI's vpdpwssd, which Zen 3
+    lacks, and which the host would lend it)."""
     _initialise()
     host = llvm.get_host_cpu_features()
-    for name in VECTOR_FEATURES:
-        if name in host and (exact or name not in features):
-            host[name] = name in features
     # prefer-256-bit would make LLVM split the explicit 512-bit vectors the vec knob asks for.
+    if exact:  # the names this architecture knows (the host's), each on or off as the target says
+        return ",".join(f"{'+' if name in features else '-'}{name}" for name in VECTOR_FEATURES if name in host) + \
+            ",-prefer-256-bit"
+    for name in VECTOR_FEATURES:
+        if name in host and name not in features:
+            host[name] = False
     return host.flatten() + ",-prefer-256-bit"
 
 
