@@ -5,7 +5,7 @@ changes them between calls; frontend/patterns.py's trained_linear): its gradient
 and dY summed over rows (the bias's). A product of activations C = a·b has dC·bᵀ and aᵀ·dC, batch by batch.
 Each product is a matmul or batch_matmul workload, tuned like any other: `gradient_workloads` reads them off the
 same formulas, run on meta tensors, so extract_tasks finds for a training step exactly what its backward runs.
-`differentiate` gives the tensortune custom operator its autograd formula, a second opaque operator, so that
+`differentiate` gives the differentiable tensortune operator its autograd formula, another opaque operator, so that
 AOTAutograd traces a backward graph that calls the tuned products (Inductor's, or eager autograd's).
 """
 from __future__ import annotations
@@ -65,18 +65,18 @@ class Differentiable(Protocol):
     def backward(self, grad: torch.Tensor, *activations: torch.Tensor) -> list[torch.Tensor]: ...
 
 
-def differentiate(tuned, ops) -> None:
-    """Register the autograd formula of the custom operator `tuned(op_id, activations)`, whose ops `ops[op_id]`
-    holds: the gradients are `tuned_backward(op_id, grad, activations)`, an opaque operator of their own."""
+def differentiate(library: torch.library.Library, name: str, ops) -> None:
+    """Register the autograd formula of the library's operator `name(op_id, activations)`, whose ops `ops[op_id]`
+    holds: the gradients are `name_backward(op_id, grad, activations)`, an opaque operator of its own."""
+    backward_name = f"{name}_backward"
+    library.define(f"{backward_name}(int op_id, Tensor grad, Tensor[] activations) -> Tensor[]")
+    library.impl(backward_name, lambda op_id, grad, activations: ops[op_id].backward(grad, *activations), "CPU")
 
-    @torch.library.custom_op(f"{tuned._qualname}_backward", mutates_args=())
-    def tuned_backward(op_id: int, grad: torch.Tensor, activations: list[torch.Tensor]) -> list[torch.Tensor]:
-        return ops[op_id].backward(grad, *activations)
-
-    @tuned_backward.register_fake
-    def _(op_id: int, grad: torch.Tensor, activations: list[torch.Tensor]) -> list[torch.Tensor]:
+    def fake(op_id: int, grad: torch.Tensor, activations: list[torch.Tensor]) -> list[torch.Tensor]:
         return [activation.new_empty(activation.shape) for activation, need in zip(activations, ops[op_id].grads)
                 if need]
+
+    torch.library.register_fake(f"{library.ns}::{backward_name}", fake, lib=library)
 
     def save(ctx, inputs: tuple, output: torch.Tensor):
         ctx.op_id = inputs[0]
@@ -84,7 +84,8 @@ def differentiate(tuned, ops) -> None:
 
     def backward(ctx, grad: torch.Tensor):
         op: Differentiable = ops[ctx.op_id]
-        computed = iter(tuned_backward(ctx.op_id, grad, list(ctx.saved_tensors)))
+        gradients = getattr(getattr(torch.ops, library.ns), backward_name).default
+        computed = iter(gradients(ctx.op_id, grad, list(ctx.saved_tensors)))
         return None, [next(computed) if need else None for need in op.grads]
 
-    tuned.register_autograd(backward, setup_context=save)
+    torch.library.register_autograd(f"{library.ns}::{name}", backward, setup_context=save, lib=library)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Iterator
 
@@ -88,21 +88,24 @@ class TunedOp(torch.nn.Module):
 def run_kernel(sizes: ShapeDispatch, activations) -> torch.Tensor:
     """The kernel of the activations' sizes run on them. Dtypes and ranks were checked when the graph was matched,
     and Dynamo guards them; floating-point activations in another dtype than the kernel's (float32 under
-    autocast) are cast, as autocast casts them, int8's kept. Under torch.profiler the kernel's time is an event
-    named by its workload; under `kernel_clock` (bench model --profile) its seconds are kept."""
+    autocast) are cast, as autocast casts them, int8's kept. The kernel reads each activation's memory in row-major
+    order, so a contiguous one is passed as it is, whatever its shape. Under torch.profiler the kernel's time is
+    an event named by its workload; under `kernel_clock` (bench model --profile) its seconds are kept."""
     run = sizes.run(tuple(activation.shape for activation in activations))
-    tensors = [(a.detach().to(sizes.cast) if sizes.cast is not None else a.detach()).reshape(shape).contiguous()
-               for a, shape in zip(activations, run.inputs)]
-    out = torch.empty(run.output, dtype=sizes.result_dtype)
+    tensors = [a if a.is_contiguous() and (sizes.cast is None or a.dtype == sizes.cast) else
+               (a.detach().to(sizes.cast) if sizes.cast is not None else a.detach()).contiguous() for a in activations]
+    out = torch.empty(run.result, dtype=sizes.result_dtype)
     addresses = [t.data_ptr() for t in tensors] + [out.data_ptr()]
     if (clock := _CLOCK.get()) is not None:
         start = time.perf_counter()
         run.call(*addresses)
         clock[run.name].append(time.perf_counter() - start)
-    else:
-        with torch.profiler.record_function(run.name) if profiler._is_profiler_enabled else nullcontext():
+    elif profiler._is_profiler_enabled:
+        with torch.profiler.record_function(run.name):
             run.call(*addresses)
-    return out.view(run.result)
+    else:
+        run.call(*addresses)
+    return out
 
 
 def substitute(captured: Captured, matches: list[Match], kernels: Kernels) -> fx.GraphModule:

@@ -200,12 +200,10 @@ class Kernels:
 
 @dataclass(frozen=True)
 class Run:
-    """A kernel bound to one op's weights, and the shapes a call at one size reads and writes."""
+    """A kernel bound to one op's weights, and the shape of its result at one size."""
 
     call: Callable[..., None]  # by the addresses of the activations, then of the output
-    inputs: tuple[tuple[int, ...], ...]  # each activation as the kernel reads it (dense flattens leading sizes)
-    output: tuple[int, ...]  # the kernel's result
-    result: tuple[int, ...]  # that result as the model shapes it
+    result: tuple[int, ...]  # the kernel's result as the model shapes it (dense's leading sizes kept)
     kernel: object  # the bound kernel: keeps the call's memory alive, and says which config it runs
     name: str  # what a profiler calls its time: `tensortune ` and the workload's key
 
@@ -235,9 +233,7 @@ class ShapeDispatch:
                 kernel = self.kernels.get(workload)
                 self.bound[workload] = kernel.bind(**self.weights) if self.weights else kernel
             bound = self.bound[workload]
-            weights = set(workload.weight_names()) if self.weights else set()  # a trained layer's are activations
-            inputs = tuple(shape for name, shape in workload.operand_shapes() if name not in weights)
             result = tuple(self.form.result_shape(*shapes))
-            run = Run(bound.address_call(), inputs, workload.output_shape, result, bound, f"tensortune {workload.key}")
+            run = Run(bound.address_call(), result, bound, f"tensortune {workload.key}")
             self.runs[tuple(shapes)] = run
             return run

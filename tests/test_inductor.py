@@ -66,6 +66,20 @@ def test_the_graph_around_the_tuned_ops_is_compiled_by_inductor(tmp_path):
     assert any("add" in name and "softmax" in name for name in kernels), kernels
 
 
+def test_a_graph_whose_ops_need_gradients_calls_the_differentiable_operator(tmp_path):
+    """An inference graph's tuned ops call `tuned`, which has no autograd formula (under no_grad, dispatching
+    through one costs three times as much); a training graph's call `tuned_differentiable`, whose gradients are
+    tuned products too, computed by `tuned_differentiable_backward`."""
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(2, 5, 16)  # in training mode: its weights need gradients
+    compiled = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/empty.db"})
+    _, code = run_and_get_code(lambda: compiled(x).sum().backward())
+    assert sum(source.count("torch.ops.tensortune.tuned_differentiable.default(") for source in code) == 2
+    assert sum(source.count("torch.ops.tensortune.tuned_differentiable_backward.default(") for source in code) == 2
+    assert not any(TUNED_CALL in source for source in code)
+    assert model.up.weight.grad is not None and model.down.weight.grad is not None
+
+
 def test_the_eager_graph_option_runs_the_rest_op_by_op(tmp_path):
     model, x = block(), torch.randn(2, 5, 16)
     got, code = run_compiled(model, x, tmp_path, graph="eager")
@@ -124,7 +138,7 @@ class RowDispatchedDense(nn.Module):
     """A linear layer on tensortune kernels, one built at the first sight of each row count, called as the
     backend's TunedOp calls them: by address."""
 
-    dtype = torch.float32
+    dtype, grads = torch.float32, (False,)
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
