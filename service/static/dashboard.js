@@ -181,6 +181,9 @@ function renderWorkers(workers) {
 
 async function refresh() {
   try {
+    // the selected job before the list, so that the list is never older than the panel beside it (fetched
+    // after the list, a job's panel could say done while its row still showed it running)
+    let shown = selected === null ? null : await getJson(`/api/jobs/${selected}`);
     const [jobs, workers, requests] = await Promise.all(
       [getJson("/api/jobs"), getJson("/api/workers"), getJson("/api/requests")]);
     if (selected === null && jobs.length) {
@@ -189,7 +192,10 @@ async function refresh() {
     renderJobs(jobs);
     renderRequests(requests);
     renderWorkers(workers);
-    if (selected !== null) renderJob(await getJson(`/api/jobs/${selected}`));
+    if (selected !== null) {
+      if (shown === null || shown.id !== selected) shown = await getJson(`/api/jobs/${selected}`);
+      renderJob(shown);
+    }
     $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
     $("updated").textContent = `update failed: ${error.message}`;
