@@ -1,9 +1,10 @@
-"""`python -m bench.cache_flush [MODEL] [--trials N] [--seq-len L]`: why tuning flushes the CPU's caches before each
+"""`python -m bench.cache_flush [MODEL] [--trials N] [--seq-len L]`: how tuning should find the CPU's caches at each
 timed call.
 
-The model is tuned twice from an empty database under one budget, once with the caches flushed before
-each call (the default) and once warm; then eager PyTorch and the model compiled with each database's
-best configs are timed in alternating rounds in one run.
+The model is tuned from an empty database under one budget with each of workers.task's cache protocols: each
+call on another copy of the weights (`rotate`, the default), after a flush of twice the last-level cache
+(`flush`), and warm; then eager PyTorch and the model compiled with each database's best configs are timed in
+alternating rounds in one run.
 """
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from workers.task import MeasureOptions
+from workers.task import CACHE_PROTOCOLS, MeasureOptions
 from workers.reference import head_to_head
 
-PROTOCOLS = {"flushed": MeasureOptions(), "warm": MeasureOptions(flush_cache=False)}
+PROTOCOLS = {name: MeasureOptions(cache=name) for name in CACHE_PROTOCOLS}
 
 
 def run(model_name: str, trials: int, rounds: int = 9, seq_len: int | None = None) -> dict:

@@ -66,11 +66,12 @@ class Measured:
 def try_config(workload: Workload, target: Target, config: Config, inputs, expected, min_repeat_ms: float) -> Measured:
     """Build, check and time one config (on the CPU or, for a cuda target, on the GPU with CUDA events)."""
     kernel = build(workload, target, config)
-    timed = timed_call(kernel, inputs)
+    options = MeasureOptions(repeat=3, min_repeat_ms=min_repeat_ms, cache="warm")  # as the references run
+    timed = timed_call(kernel, inputs, options)
     error = workload.max_error(timed.output(), expected)
     if error > 1:
         raise AssertionError(f"config {config.index} of {workload.key} computes a wrong result ({error:.1f}x tolerance)")
-    samples = timed.samples(MeasureOptions(repeat=3, min_repeat_ms=min_repeat_ms, flush_cache=False))  # as the references run
+    samples = timed.samples(options)
     return Measured(kernel, float(np.median(samples)))
 
 

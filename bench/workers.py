@@ -24,7 +24,7 @@ from workers.timing import time_samples
 
 from .peak import peak_call
 
-OPTIONS = MeasureOptions(repeat=3, min_repeat_ms=10, flush_cache=False)
+OPTIONS = MeasureOptions(repeat=3, min_repeat_ms=10, cache="warm")
 CASES = [(matmul(128, 128, 128), 8), (matmul(512, 512, 512), 4)]  # (workload, candidates)
 PHASES = ("build", "check", "time", "wait", "dispatch")
 
@@ -56,7 +56,7 @@ def spread(pool, rounds: int = 12, settle_seconds: float = 0.3) -> dict:
     neighbours sharing the caches and memory, not at the cores' clock."""
     workload = matmul(256, 256, 256)
     task = candidates(workload, 1)[0]
-    options = MeasureOptions(repeat=5, min_repeat_ms=20, flush_cache=False)
+    options = MeasureOptions(repeat=5, min_repeat_ms=20, cache="warm")
     fma, fma_flops = peak_call(Target.parse("llvm"))
     seconds: dict[str, list[float]] = {"pool": [], "in_process": [], "fma": []}
     with threadpool_limits(1, user_api="blas"):  # no spinning BLAS pool of ours beside the workers

@@ -147,8 +147,8 @@ def print_stored_best(database, workload, target) -> bool:
     ours, reference, theirs = compare_with_reference(workload, target, config)
     job = f"job {info['job_id']}" if info["job_id"] is not None else "imported"
     print(f"stored best for this machine (what `best` and apply_history_best use): config {config.index}, {job}")
-    print(f"  {info['gflops']:.1f} GFLOPS as measured while tuning (the caches flushed before each call, as a "
-          "layer of a model finds them; the best of many noisy measurements)")
+    print(f"  {info['gflops']:.1f} GFLOPS as measured while tuning (each call finding its weights in memory, as a "
+          "layer of a model does; the best of many noisy measurements)")
     print(f"  {ours:.1f} GFLOPS timed now with warm caches, alternately with {reference}'s {theirs:.1f} GFLOPS "
           f"({ours / theirs:.2f}x)")
     if ours < 0.9 * info["gflops"]:

@@ -48,7 +48,7 @@ def test_the_pool_times_as_fast_as_this_process():
     from workers.task import build_step, run_step
     workload, host = matmul(192, 192, 192), Target.parse("llvm")  # all cores: the kernel's threads must not meet others
     task = Task.of(MeasureInput(workload, host, get_space(workload, host).sample(1, rng=2)[0]))
-    options = MeasureOptions(repeat=5, min_repeat_ms=20, flush_cache=False)
+    options = MeasureOptions(repeat=5, min_repeat_ms=20, cache="warm")
     pool = make_pool("local", PoolOptions(workers=2))
     pooled, local = [], []
     try:
@@ -156,7 +156,7 @@ def test_sigkill_mid_run_is_retried(pool):
     """The timing alone (hot caches) lasts at least 5 × 150 ms (calibration and 4 samples), so a kill 0.5 s
     after the call lands while the candidate is in flight; its retry, about a second, stays far inside the 3 s
     run timeout on a loaded host."""
-    slow = MeasureOptions(repeat=4, min_repeat_ms=150, flush_cache=False)
+    slow = MeasureOptions(repeat=4, min_repeat_ms=150, cache="warm")
     results = []
     thread = threading.Thread(target=lambda: results.extend(pool.measure(real_tasks(1, seed=3), slow)))
     thread.start()
@@ -191,7 +191,7 @@ def test_a_fresh_workers_set_up_is_not_run_time(tmp_path):
     in every page, many times as long as a later flush. That is set-up the worker
     pays once, so it is done before the run's timeout starts (fresh workers' first runs overran this module's
     3 s run timeouts so on a loaded host) and recorded as its own phase, in that run's record alone."""
-    one_flushed_call = MeasureOptions(repeat=1, min_repeat_ms=2)
+    one_flushed_call = MeasureOptions(repeat=1, min_repeat_ms=2, cache="flush")
     pool = make_pool("local", PoolOptions(workers=1, host_lock=str(tmp_path / "host.lock"), **LIMITS))
     try:
         first, = pool.measure([faulty("correct")], one_flushed_call)
@@ -254,9 +254,10 @@ def test_a_cache_flush_precedes_every_timed_call_and_is_not_timed():
     assert len(samples) == 3 and max(samples) < 0.05
 
 
-def test_tuning_flushes_twice_the_last_level_cache_before_each_call_by_default():
-    """The default protocol times single calls after a flush of twice this host's largest cache (one buffer
-    per process); warm, as the benchmarks' references run, it times many calls per sample."""
+def test_tuning_rotates_over_copies_of_the_weights_by_default_or_flushes_or_runs_warm():
+    """By default each timed call is of the next copy of the weights, after a round of them all, so each finds its
+    weights evicted by the others' (rotate); flushed, single calls after a write of twice this host's largest cache
+    (one buffer per process); warm, as the benchmarks' references run, many calls per sample."""
     import numpy as np
 
     from search_space import Target
@@ -265,16 +266,21 @@ def test_tuning_flushes_twice_the_last_level_cache_before_each_call_by_default()
     from workers.timing import host_flush_buffer, last_level_cache_bytes
 
     calls, target = [], Target.parse("llvm")
-    timed = HostTimedCall(lambda: calls.append(1), np.zeros(1), target)
-    timed.samples(MeasureOptions(repeat=3))
-    assert len(calls) == 1 + 3
+    timed = HostTimedCall([lambda copy=copy: calls.append(copy) for copy in range(3)], np.zeros(1), target)
+    timed.samples(MeasureOptions(repeat=4))
+    assert calls == [0, 1, 2] + [0, 1, 2, 0]
     calls.clear()
-    timed.samples(MeasureOptions(repeat=3, min_repeat_ms=2, flush_cache=False))
-    assert len(calls) > 1 + 3
+    timed.samples(MeasureOptions(repeat=3, cache="flush"))
+    assert calls == [0] * (1 + 3)
+    calls.clear()
+    timed.samples(MeasureOptions(repeat=3, min_repeat_ms=2, cache="warm"))
+    assert len(calls) > 1 + 3 and set(calls) == {0}
     sizes = [int(open(f"/sys/devices/system/cpu/cpu0/cache/index{i}/size").read().strip().rstrip("K")) << 10
              for i in range(4) if os.path.exists(f"/sys/devices/system/cpu/cpu0/cache/index{i}/size")]
     assert last_level_cache_bytes() == max(sizes, default=32 << 20)
     assert host_flush_buffer() is host_flush_buffer() and host_flusher(target) is host_flusher(target)
+    with pytest.raises(ValueError, match="cache protocol 'cold': expected one of rotate, flush, warm"):
+        MeasureOptions(cache="cold")
 
 
 def test_a_host_that_joins_or_leaves_is_followed(ray_pool, ray_cluster):

@@ -1,4 +1,5 @@
-"""The cold-cache protocol's flush, in bytes: the call counts are tests/test_measure_pools.py's."""
+"""The cold-cache protocols' memory: the flush's bytes and kernel, the rotation's copies of the weights (the call
+counts are tests/test_measure_pools.py's)."""
 import subprocess
 import sys
 from pathlib import Path
@@ -6,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from search_space import Target
-from workers import compile_program
+from search_space import Target, dense, fallback_config, matmul
+from workers import build, compile_program
 from workers.build import generated_code
 from workers.flush import flush_program
+from workers.reference import MAX_COPIES, inference_calls
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,10 +31,10 @@ def resident_bytes():
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 target = Target.parse("llvm")
-timed = HostTimedCall(lambda: None, np.zeros(1), target)
+timed = HostTimedCall([lambda: None], np.zeros(1), target)
 compile_program(flush_program(target.threads, 1, 16), target)  # LLVM's own memory, before the count
 before = resident_bytes()
-timed.samples(MeasureOptions(repeat=1))
+timed.samples(MeasureOptions(repeat=1, cache="flush"))
 print(resident_bytes() - before, 2 * last_level_cache_bytes())
 '''
 
@@ -59,3 +61,18 @@ def test_the_flush_writes_every_float_of_its_buffer_on_the_targets_threads(threa
     for calls in (1, 2):
         function(lines.ctypes.data)
         assert (lines == calls).all()
+
+
+def test_the_rotation_binds_copies_of_the_weights_enough_to_fill_its_bytes_each_computing_the_result():
+    workload = dense(8, 64, 32, bias=True)  # W and bias: 8448 bytes
+    kernel = build(workload, "llvm", fallback_config(workload, Target.parse("llvm")))
+    inputs = workload.random_inputs()
+    calls, out = inference_calls(kernel, inputs, 3 * 8448 + 1)
+    assert len(calls) == 4
+    for call in calls:
+        out[...] = 0
+        call()
+        assert workload.max_error(out, workload.reference(*inputs)) <= 1
+    assert len(inference_calls(kernel, inputs, 1 << 40)[0]) == MAX_COPIES
+    assert len(inference_calls(kernel, inputs)[0]) == 1
+    assert len(inference_calls(build(matmul(8, 8, 8), "llvm"), matmul(8, 8, 8).random_inputs(), 1 << 20)[0]) == 1

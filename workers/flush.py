@@ -1,7 +1,8 @@
-"""The cache flush before a timed CPU call, written by the timed kernel's own threads.
+"""The cache flush before a timed CPU call (the `flush` protocol of workers.task), written by the timed kernel's
+own threads.
 
-Tuning times each call cold (workers.timing): a layer of a model finds its weights evicted by the layers
-before it. In a model its threads are awake, though: the op before it ran on them (libgomp's workers spin a
+A flush times a call cold: a layer of a model finds its weights evicted by the layers before it. In a model its
+threads are awake, though: the op before it ran on them (libgomp's workers spin a
 while after each parallel region). The flush is therefore a kernel of the project's IR whose parallel loop
 runs through libgomp like the timed kernels', on the target's threads, and the timed call starts as in a
 model. Written by one thread (NumPy), the flush let the other threads fall asleep, and a kernel timed after

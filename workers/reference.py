@@ -17,18 +17,31 @@ from .timing import calls_per_sample, time_samples
 from .torch_arrays import torch_tensor
 
 
-def inference_call(kernel: Kernel, inputs) -> tuple[Callable, np.ndarray]:
-    """A zero-argument call of the kernel and its output array; the workload's weights are bound (packed
-    once), as an inference deployment does, so only the activations' work is timed."""
+MAX_COPIES = 64  # of the weights a timing rotates over: smaller weights than 1/32 of the cache stay partly warm
+
+
+def inference_calls(kernel: Kernel, inputs, weight_bytes: int = 0) -> tuple[list[Callable], np.ndarray]:
+    """Zero-argument calls of the kernel and its output array; the workload's weights are bound (packed
+    once), as an inference deployment does, so only the activations' work is timed. Each call reads a copy of
+    the weights of its own, as many copies as hold `weight_bytes` (one at least, MAX_COPIES at most; one call
+    where there are no weights)."""
     workload = kernel.workload
     out = np.empty(workload.output_shape, workload.output_dtype)
     named = dict(zip((name for name, _ in workload.operand_shapes()), inputs))
-    weights = workload.weight_names()
+    weights = {name: named[name] for name in workload.weight_names()}
     if not weights:
-        return lambda: kernel(*inputs, out=out), out
-    bound = kernel.bind(**{name: named[name] for name in weights})
+        return [lambda: kernel(*inputs, out=out)], out
+    copies = min(MAX_COPIES, max(1, -(-weight_bytes // sum(array.nbytes for array in weights.values()))))
+    bound = [kernel.bind(**(weights if copy == 0 else {name: a.copy() for name, a in weights.items()}))
+             for copy in range(copies)]
     activations = [array for name, array in named.items() if name not in weights]
-    return lambda: bound(*activations, out=out), out
+    return [lambda b=b: b(*activations, out=out) for b in bound], out
+
+
+def inference_call(kernel: Kernel, inputs) -> tuple[Callable, np.ndarray]:
+    """The one call of `inference_calls` with the weights bound once, and its output array."""
+    (call,), out = inference_calls(kernel, inputs)
+    return call, out
 
 
 def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Callable]:

@@ -25,24 +25,35 @@ from .flush import host_flusher
 from .kernel import Kernel
 from .llvm_codegen import CodegenError
 from .llvm_jit import CompileError
-from .reference import inference_call
+from .reference import inference_calls
 from .result import MeasureInput, MeasureResult, Outcome
-from .timing import time_samples
+from .timing import last_level_cache_bytes, rotated_samples, time_samples
+
+
+CACHE_PROTOCOLS = ("rotate", "flush", "warm")
 
 
 @dataclass(frozen=True)
 class MeasureOptions:
-    """The timing protocol: `repeat` samples of calls lasting at least `min_repeat_ms` each, or, with the
-    cache flushed (the default, as AutoTVM advises on x86), `repeat` single calls each after a write of twice
-    the measuring host's last-level cache: a layer of a model finds its weights evicted by the layers
-    before it, so configs picked warm are the wrong ones there (`python -m bench.cache_flush` compares both).
-    A cuda kernel always has the GPU's L2 flushed before each call."""
+    """The timing protocol: `repeat` samples. `cache` says how the CPU's caches stand at a timed call:
+    - "rotate" (the default): single calls, each on another copy of the bound weights, twice the last-level cache
+      of copies (up to MAX_COPIES), so that each finds its weights in memory, its activations and threads warm,
+      as a layer of a model does; a workload without weights (its inputs are the op before's outputs) warm;
+    - "flush": single calls, each after a write of twice the last-level cache by the kernel's threads (AutoTVM's
+      advice on x86): it evicts the activations too, and it ranked some configs unlike a model does;
+    - "warm": calls lasting at least `min_repeat_ms` a sample, as the benchmarks' references run.
+    `python -m bench.cache_flush` tunes a model under each and times the results. A cuda kernel always has the
+    GPU's L2 flushed before each call."""
 
     repeat: int = 5
     min_repeat_ms: float = 20.0
-    flush_cache: bool = True
+    cache: str = "rotate"
     cooldown_ms: float = 0.0  # sleep between samples
     check: bool = True  # compare with the NumPy reference first (wrong_answer)
+
+    def __post_init__(self):
+        if self.cache not in CACHE_PROTOCOLS:
+            raise ValueError(f"cache protocol {self.cache!r}: expected one of {', '.join(CACHE_PROTOCOLS)}")
 
 
 @dataclass(frozen=True)
@@ -121,28 +132,31 @@ class TimedCall(Protocol):
 
 @dataclass
 class HostTimedCall:
-    """A CPU kernel's inference call over fixed inputs (dense weights packed once, as deployed), timed by
-    the host's clock, after a flush by the target's threads (workers.flush); workers.cuda_measure.CudaTimedCall
+    """A CPU kernel's inference calls over fixed inputs (dense weights packed once, as deployed), one for each copy
+    of the weights, timed by the host's clock as `MeasureOptions.cache` says; workers.cuda_measure.CudaTimedCall
     is its GPU counterpart."""
 
-    call: Callable[[], object]
+    calls: list[Callable[[], object]]
     out: np.ndarray
     target: Target
 
     def output(self) -> np.ndarray:
-        self.call()
+        self.calls[0]()
         return self.out
 
     def samples(self, options: MeasureOptions) -> list[float]:
-        flush = host_flusher(self.target) if options.flush_cache else None
-        return time_samples(self.call, options.repeat, options.min_repeat_ms, flush, options.cooldown_ms)
+        if options.cache == "rotate" and len(self.calls) > 1:
+            return rotated_samples(self.calls, options.repeat)
+        flush = host_flusher(self.target) if options.cache == "flush" else None
+        return time_samples(self.calls[0], options.repeat, options.min_repeat_ms, flush, options.cooldown_ms)
 
 
-def timed_call(kernel, inputs) -> TimedCall:
+def timed_call(kernel, inputs, options: MeasureOptions = MeasureOptions()) -> TimedCall:
     if kernel.target.kind == "cuda":
         from .cuda_measure import CudaTimedCall
         return CudaTimedCall(kernel, inputs)
-    return HostTimedCall(*inference_call(kernel, inputs), kernel.target)
+    weight_bytes = 2 * last_level_cache_bytes() if options.cache == "rotate" else 0
+    return HostTimedCall(*inference_calls(kernel, inputs, weight_bytes), kernel.target)
 
 
 def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
@@ -151,7 +165,7 @@ def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
     try:
         start = time.perf_counter()
         inputs, expected = _reference(kernel.workload)
-        timed = timed_call(kernel, inputs)
+        timed = timed_call(kernel, inputs, options)
         if options.check:
             error = kernel.workload.max_error(timed.output(), expected)
             if not error <= 1:

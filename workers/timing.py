@@ -4,8 +4,9 @@
 A CPU cache flush (write twice the last-level cache before each call) measures cold-cache
 performance, as a layer in a network sees it: by the time a model reaches a layer, the layers
 before it have evicted its weights. It times one call per sample, since the flush must not be
-counted. A cooldown sleeps between samples so thermal throttling from one sample does not leak
-into the next.
+counted. Rotating over copies of a kernel's weights (`rotated_samples`) evicts only the weights,
+as a model's layers before a kernel do. A cooldown sleeps between samples so thermal throttling
+from one sample does not leak into the next.
 """
 from __future__ import annotations
 
@@ -72,4 +73,18 @@ def time_samples(fn: Callable[[], object], repeat: int = 5, min_repeat_ms: float
         samples.append((time.perf_counter() - start) / number)
         if cooldown_ms:
             time.sleep(cooldown_ms / 1e3)
+    return samples
+
+
+def rotated_samples(calls: list[Callable[[], object]], repeat: int) -> list[float]:
+    """Seconds of `repeat` single calls, each of the next of `calls` in turn, after a round of them all: each
+    call's memory was last touched a whole round of the others before it."""
+    for call in calls:
+        call()
+    samples = []
+    for sample in range(repeat):
+        call = calls[sample % len(calls)]
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
     return samples
