@@ -66,7 +66,8 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
         kind, payload = message
         with lock.held(exclusive=kind == "run") if lock else nullcontext((0.0, True)) as (waited, locked):
             setup = {}
-            if kind == "run" and payload.cache == "flush" and built.kernel.target.kind == "llvm" and not flush_buffer_ready:
+            flushing = kind == "run" and payload.cache == "flush" and built.kernel.target.kind == "llvm"
+            if flushing and not flush_buffer_ready:
                 setup, flush_buffer_ready = fault_in_flush_buffer(), True
             conn.send(STARTED)  # the step's timeout runs from here, not from the wait for other pools
             reply = build_step(payload) if kind == "build" else run_step(built, payload)

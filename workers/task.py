@@ -29,7 +29,6 @@ from .reference import inference_calls
 from .result import MeasureInput, MeasureResult, Outcome
 from .timing import last_level_cache_bytes, rotated_samples, time_samples
 
-
 CACHE_PROTOCOLS = ("rotate", "flush", "warm")
 
 
