@@ -47,7 +47,7 @@ class MeasureOptions:
     repeat: int = 5
     min_repeat_ms: float = 20.0
     cache: str = "rotate"
-    cooldown_ms: float = 0.0  # sleep between samples
+    cooldown_ms: float = 0.0  # sleep between samples (flush, warm; a rotation's calls follow each other, as in a model)
     check: bool = True  # compare with the NumPy reference first (wrong_answer)
 
     def __post_init__(self):
