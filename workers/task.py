@@ -150,7 +150,7 @@ class HostTimedCall:
         return time_samples(self.calls[0], options.repeat, options.min_repeat_ms, flush, options.cooldown_ms)
 
 
-def timed_call(kernel, inputs, options: MeasureOptions = MeasureOptions()) -> TimedCall:
+def timed_call(kernel, inputs, options: MeasureOptions) -> TimedCall:
     if kernel.target.kind == "cuda":
         from .cuda_measure import CudaTimedCall
         return CudaTimedCall(kernel, inputs)

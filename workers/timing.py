@@ -44,17 +44,12 @@ def last_level_cache_bytes(default: int = 32 << 20) -> int:
 
 
 @functools.cache
-def flush_buffer(nbytes: int) -> np.ndarray:
-    """The memory a flush writes (choose more than the last-level cache), one per process and size, written once
-    here: that faults in every page (0.2 s for 64 MB here); a flush after that takes 4 ms."""
-    buffer = np.zeros(nbytes // 4, np.float32)
+def host_flush_buffer() -> np.ndarray:
+    """This process's flush buffer, twice the host's last-level cache (workers.flush writes it), written once here:
+    that faults in every page (0.2 s for 64 MB here); a flush after that takes 4 ms."""
+    buffer = np.zeros(2 * last_level_cache_bytes() // 4, np.float32)
     buffer += 1.0
     return buffer
-
-
-def host_flush_buffer() -> np.ndarray:
-    """This process's flush buffer: twice the host's last-level cache (workers.flush writes it)."""
-    return flush_buffer(2 * last_level_cache_bytes())
 
 
 def time_samples(fn: Callable[[], object], repeat: int = 5, min_repeat_ms: float = 20.0,
