@@ -4,9 +4,10 @@ are in bfloat16, beside PyTorch's bfloat16 (oneDNN) and the peak of the instruct
 uses. With `--dtype int8`, the shapes in uint8 × int8 beside PyTorch's int8 (quantized linear and convolution, `_int_mm`)
 and the peak of the family each best config uses (GFLOPS are then integer operations a second).
 
-The search here is the template's fallback, a random sample of the space, then greedy descent
-over one-knob neighbours of the fastest few so far: no cost model (that is the tuner's job), just
-enough to show what the template can express.
+The search here is the template's fallback and seeds (the register blocks an analytic model of the target
+picks, which the tuner measures first too), a random sample of the space, then greedy descent over one-knob
+neighbours of the fastest few so far: no cost model (that is the tuner's job), just enough to show what the
+template can express.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from rich.table import Column, Table
 from threadpoolctl import threadpool_info
 
 from search_space import (Config, InvalidConfig, Target, TargetError, Workload, batch_matmul, conv2d, dense,
-                          fallback_config, get_space, matmul)
+                          fallback_config, get_space, matmul, seed_configs)
 from search_space.templates import TEMPLATES
 from workers import build
 from workers.reference import head_to_head, inference_call, reference_calls
@@ -82,7 +83,7 @@ UNBOUNDED = 10_000  # a console width no table here reaches
 
 
 def search(workload: Workload, target: Target, trials: int, seed: int, min_repeat_ms: float) -> tuple[Measured, int]:
-    """Fallback + random third of the budget, then greedy one-knob descent from the fastest few (from the
+    """Fallback and seeds, a random third of the budget, then greedy one-knob descent from the fastest few (from the
     fastest alone, one timing that came out lucky steers the whole descent); the fastest few are then timed
     again in alternating rounds, since one timing on a shared 2-core VM can be off by a third (the same stem
     convolution measured 108 and 154 GFLOPS). The final figures come from `head_to_head`."""
@@ -102,8 +103,10 @@ def search(workload: Workload, target: Target, trials: int, seed: int, min_repea
     def fastest(n: int) -> list[Measured]:
         return sorted(measured, key=lambda m: m.seconds)[:n]
 
-    trial(fallback_config(workload, target))
-    for config in space.sample(max(0, trials // 3 - 1), rng, exclude=seen):
+    for config in [fallback_config(workload, target), *seed_configs(workload, target)][:trials]:
+        if config.index not in seen:
+            trial(config)
+    for config in space.sample(max(0, trials // 3 - len(seen)), rng, exclude=seen):
         trial(config)
     while len(seen) < trials:
         fresh = {c.index: c for m in fastest(LEADERS) for c in space.neighbours(m.config) if c.index not in seen}

@@ -100,3 +100,14 @@ def test_bench_noise_traces_both_kernels_and_finds_slow_phases():
     assert set(values) == {"gemm", "fma"} and all(len(v) >= 1 and v.min() > 0 for v in values.values())
     line = summary(np.array([1.0, 1.0, 1.2, 1.3, 1.0, 1.5]))
     assert "slow (>10%) 50% of the time, in 2 phase(s) of 1-2 measurements" in line
+
+
+def test_bench_kernels_search_measures_the_templates_seeds_first():
+    """With a budget of the fallback and the seeds, those are what the search measures, as the tuner's first batch."""
+    from bench.kernels import search
+    from search_space import Target, dense, fallback_config, seed_configs
+
+    workload, target = dense(16, 64, 64), Target.parse("llvm -threads=1")
+    first = {c.index for c in [fallback_config(workload, target), *seed_configs(workload, target)]}
+    best, tried = search(workload, target, trials=len(first), seed=0, min_repeat_ms=1.0)
+    assert tried == len(first) and best.config.index in first
