@@ -1,9 +1,9 @@
 """`tensortune bench kernels --target cuda`: the best config found per shape beside CuPy's matmul (cuBLAS),
 both timed in this run on this GPU the same way (CUDA events, L2 flushed before each call).
 
-The search is bench.kernels' (fallback, random third, greedy one-knob descent); the final figures
-come from alternating rounds of ours and cuBLAS. Needs only NumPy, llvmlite, CuPy and the
-project's search_space, workers and bench packages.
+The search is bench.kernels' (fallback and the template's seeds, a random third, greedy one-knob descent); the
+final figures come from alternating rounds of ours and cuBLAS. Needs only NumPy, llvmlite, CuPy and the project's
+search_space, workers and bench packages.
 """
 from __future__ import annotations
 
