@@ -103,9 +103,9 @@ def search(workload: Workload, target: Target, trials: int, seed: int, min_repea
     def fastest(n: int) -> list[Measured]:
         return sorted(measured, key=lambda m: m.seconds)[:n]
 
-    for config in [fallback_config(workload, target), *seed_configs(workload, target)][:trials]:
-        if config.index not in seen:
-            trial(config)
+    first = {config.index: config for config in [fallback_config(workload, target), *seed_configs(workload, target)]}
+    for config in list(first.values())[:trials]:  # the fallback may be a seed (AVX2's is)
+        trial(config)
     for config in space.sample(max(0, trials // 3 - len(seen)), rng, exclude=seen):
         trial(config)
     while len(seen) < trials:

@@ -35,7 +35,7 @@ from ..workload import Workload
 from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
 from .gemm_operands import gemm_operands, input_buffers
-from .register_blocks import fills, reduction_block, seed_blocks
+from .register_blocks import best_blocks, fills, reduction_block, seed_blocks
 
 VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
 DTYPE_VERSIONS = {"int8": 2}  # int8's `widen` multiplies by pmaddwd on x86 since version 2; float32's code is as it was
@@ -131,11 +131,14 @@ def isas(target: Target, dtype: str = "bfloat16") -> tuple[str, ...]:
 
 
 def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
-    """The untuned default: an 8×(2 vectors) register block, B packed, k-blocks of 256, rows split across threads."""
+    """The untuned default: an 8×(2 vectors) register block where it fits the register file (AVX-512's 32), else the
+    block `best_blocks` ranks first there (AVX2's 16: 4 × 3 vectors; the nearest valid config to 8 × 2 was 8 × 1,
+    eight broadcasts and a load for eight multiply-adds), B packed, k-blocks of 256, rows split across threads."""
     batch, m, n, k = _dims(workload)
-    vec = max(space_.knobs["vec"].candidates)
+    vec, registers = max(space_.knobs["vec"].candidates), target.vector_registers
+    rows, vectors = (8, 2) if fills(8, 2, registers) else best_blocks(MR_CHOICES, range(1, 9), registers)[0]
     want = {
-        "tile_m": (-1, 8, 8), "tile_n": (-1, 8, 2 * vec), "tile_k": (-1, 256), "vec": vec, "unroll_k": 4,
+        "tile_m": (-1, 8, rows), "tile_n": (-1, 8, vectors * vec), "tile_k": (-1, 256), "vec": vec, "unroll_k": 4,
         "order": ("no", "ko", "mo"), "inner_order": ("ni", "mi"),
         "parallel": "b" if batch > 1 else ("m" if m >= n else "n"), "pack_b": True,
     }
