@@ -52,6 +52,7 @@ TILE_REGISTERS = 8
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 AMX_MR_CHOICES = (32, 48, 64)  # register blocks of several tiles' rows, offered only where AMX is
 NR_CHOICES = (4, 8, 12, 16, 24, 32, 48, 64)
+MOST_VECTORS = 8  # of B's columns in a register block
 BLOCK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 UNROLL_CHOICES = (1, 2, 4, 8)
 
@@ -93,7 +94,7 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     def fits(tile_m, tile_n, vec):
         """The nr columns split into whole vectors, and accumulators + B vectors + a broadcast fit the register file."""
         mr, nr = tile_m[2], tile_n[2]
-        return nr % vec == 0 and fills(mr, nr // vec, registers) and nr // vec <= 8
+        return nr % vec == 0 and fills(mr, nr // vec, registers) and nr // vec <= MOST_VECTORS
 
     def tiles_fit(tile_m, tile_n):
         """Whole tiles (or the whole extent), and C's tiles beside one A or B tile and the smaller side's others
@@ -132,11 +133,12 @@ def isas(target: Target, dtype: str = "bfloat16") -> tuple[str, ...]:
 
 def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     """The untuned default: an 8×(2 vectors) register block where it fits the register file (AVX-512's 32), else the
-    block `best_blocks` ranks first there (AVX2's 16: 4 × 3 vectors; the nearest valid config to 8 × 2 was 8 × 1,
-    eight broadcasts and a load for eight multiply-adds), B packed, k-blocks of 256, rows split across threads."""
+    block `best_blocks` ranks first there (AVX2's 16: 4 × 3 vectors, where the nearest valid config to 8 × 2 is 8 × 1,
+    eight broadcasts and one load per eight multiply-adds), B packed, k-blocks of 256, rows split across threads."""
     batch, m, n, k = _dims(workload)
     vec, registers = max(space_.knobs["vec"].candidates), target.vector_registers
-    rows, vectors = (8, 2) if fills(8, 2, registers) else best_blocks(MR_CHOICES, range(1, 9), registers)[0]
+    best = best_blocks(MR_CHOICES, range(1, MOST_VECTORS + 1), registers)[0]
+    rows, vectors = (8, 2) if fills(8, 2, registers) else best
     want = {
         "tile_m": (-1, 8, rows), "tile_n": (-1, 8, vectors * vec), "tile_k": (-1, 256), "vec": vec, "unroll_k": 4,
         "order": ("no", "ko", "mo"), "inner_order": ("ni", "mi"),
@@ -159,7 +161,7 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
     itemsize, k_blocks = ITEMSIZE[gemm_operands(workload)[0].dtype], [s[1] for s in space_.knobs["tile_k"].candidates]
     return [space_.nearest(base | {"vec": vec, "tile_m": (-1, base["tile_m"][1], mr), "tile_n": (-1, base["tile_n"][1], nr),
                                    "tile_k": (-1, reduction_block(mr, nr, itemsize, k_blocks))})
-            for vec, mr, nr in seed_blocks(space_, "tile_m", "tile_n", 8, target.vector_registers)]
+            for vec, mr, nr in seed_blocks(space_, "tile_m", "tile_n", MOST_VECTORS, target.vector_registers)]
 
 
 class _Gemm:
