@@ -104,7 +104,7 @@ def search(workload: Workload, target: Target, trials: int, seed: int, min_repea
         return sorted(measured, key=lambda m: m.seconds)[:n]
 
     first = {config.index: config for config in [fallback_config(workload, target), *seed_configs(workload, target)]}
-    for config in list(first.values())[:trials]:  # the fallback may be a seed (AVX2's is)
+    for config in list(first.values())[:trials]:  # on AVX2 the fallback can be a seed
         trial(config)
     for config in space.sample(max(0, trials // 3 - len(seen)), rng, exclude=seen):
         trial(config)

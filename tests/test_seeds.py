@@ -101,7 +101,8 @@ def test_a_new_target_measures_the_fallback_then_the_seeds_and_a_known_op_borrow
         first = tune(first_shape, target, 8, "xgb", database, pool, batch=4, measure=FAST)
         measured = [i.config.index for i, _ in first.measured]
         seeds = [seed.index for seed in seed_configs(first_shape, target)]
-        first_batch = list(dict.fromkeys([fallback_config(first_shape, target).index] + seeds))  # AVX2's is a seed
+        # on AVX2 the fallback can be a seed, measured once
+        first_batch = list(dict.fromkeys([fallback_config(first_shape, target).index] + seeds))
         assert measured[:len(first_batch)] == first_batch
         second = tune(second_shape, target, 8, "xgb", database, pool, batch=4, measure=FAST)
         assert second.measured[0][0].config.to_dict() == first.best[0].config.to_dict()
@@ -141,5 +142,5 @@ def test_a_cpu_new_to_the_op_first_measures_another_cpus_best_scaled_to_its_vect
     assert (measured[1]["vec"], measured[1]["tile_n"]) == (widest, (-1, 2, 2 * widest))
     assert {k: v for k, v in measured[1].values if k not in ("vec", "tile_n")} == {
         k: v for k, v in there.values if k not in ("vec", "tile_n")}
-    seeds = [c.index for c in seed_configs(workload, host) if c.index != measured[0].index]  # AVX2's fallback is one
+    seeds = [c.index for c in seed_configs(workload, host) if c.index != measured[0].index]  # AVX2's fallback can be one
     assert [c.index for c in measured[2:2 + len(seeds)]] == seeds
