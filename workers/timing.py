@@ -1,11 +1,11 @@
 """Timing a callable the way AutoTVM and Triton users trust: warm up, then `repeat` samples of
 `number` calls each, with `number` raised until one sample lasts at least `min_repeat_ms`.
 
-A CPU cache flush (write twice the last-level cache before each call) measures cold-cache
-performance, as a layer in a network sees it: by the time a model reaches a layer, the layers
-before it have evicted its weights. It times one call per sample, since the flush must not be
-counted. Rotating over copies of a kernel's weights (`rotated_samples`) evicts only the weights,
-as a model's layers before a kernel do. A cooldown sleeps between samples so thermal throttling
+By the time a model reaches a layer, the layers before it have evicted its weights, while its
+activations (the op before's output) are still in cache. Rotating over copies of a kernel's weights
+(`rotated_samples`) evicts only the weights, as those layers do. A cache flush (AutoTVM's protocol:
+write twice the last-level cache before each call) evicts the activations too; it times one call per
+sample, since the flush must not be counted. A cooldown sleeps between samples so thermal throttling
 from one sample does not leak into the next.
 """
 from __future__ import annotations
