@@ -8,7 +8,7 @@ from db.matching import on_vectors_of
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, matmul, seed_configs
 from search_space.templates.gemm import MR_CHOICES
 from search_space.templates.register_blocks import best_blocks, fills, reduction_block
-from tuner.tune import tune
+from tuner.tune import PROVEN, tune
 from workers import MeasureInput, build
 from workers.pool import make_pool
 from workers.task import MeasureOptions, Task
@@ -90,15 +90,17 @@ def test_every_seed_computes_the_reference_on_odd_shapes(workload):
         assert workload.max_error(output, expected) <= 1, dict(seed.values)
 
 
-def test_a_new_target_measures_the_fallback_then_the_seeds_and_a_known_op_borrows_instead(tmp_path):
-    """Nothing of dense known on the target: the fallback, then the seeds. Another shape of the same layer tuned
-    since: the new shape starts from its best, and its second batch is the tuner's, not the seeds. Transfer off
-    (the tuners compared on their own): no seeds either."""
+def test_a_new_target_measures_the_fallback_then_the_seeds_and_a_searched_op_borrows_instead(tmp_path):
+    """Nothing of dense known on the target: the fallback, then the seeds. Another shape of the same layer searched
+    since (PROVEN measurements): the new shape starts from its best, and its second batch is the tuner's, not the
+    seeds. One measured in a first batch only: the new shape borrows its best, then measures the seeds too.
+    Transfer off (the tuners compared on their own): no seeds either."""
     target = Target.parse("llvm -threads=1")
     first_shape, second_shape = dense(64, 96, 80, bias=True), dense(48, 96, 80, bias=True)
     database = Database(f"sqlite:///{tmp_path}/t.db")
+    second_seeds = {seed.index for seed in seed_configs(second_shape, target)}
     with make_pool("local") as pool:
-        first = tune(first_shape, target, 8, "xgb", database, pool, batch=4, measure=FAST)
+        first = tune(first_shape, target, PROVEN, "xgb", database, pool, batch=4, measure=FAST)
         measured = [i.config.index for i, _ in first.measured]
         seeds = [seed.index for seed in seed_configs(first_shape, target)]
         # on AVX2 the fallback can be a seed, measured once
@@ -106,8 +108,13 @@ def test_a_new_target_measures_the_fallback_then_the_seeds_and_a_known_op_borrow
         assert measured[:len(first_batch)] == first_batch
         second = tune(second_shape, target, 8, "xgb", database, pool, batch=4, measure=FAST)
         assert second.measured[0][0].config.to_dict() == first.best[0].config.to_dict()
-        assert not {seed.index for seed in seed_configs(second_shape, target)} & {
-            i.config.index for i, _ in second.measured[2:]}
+        assert not second_seeds & {i.config.index for i, _ in second.measured[2:]}
+
+        guessed = Database(f"sqlite:///{tmp_path}/guessed.db")
+        tune(first_shape, target, 4, "xgb", guessed, pool, batch=4, measure=FAST)
+        after_guesses = tune(second_shape, target, 8, "xgb", guessed, pool, batch=4, measure=FAST)
+        assert second_seeds <= {i.config.index for i, _ in after_guesses.measured}
+
         alone = tune(first_shape, target, 6, "xgb", f"sqlite:///{tmp_path}/alone.db", pool, batch=3, measure=FAST,
                      transfer=False)
         assert [i.config.index for i, _ in alone.measured][1:1 + len(seeds)] != seeds
