@@ -17,9 +17,9 @@ from db.migrate import alembic_config, current_revision, head_revision
 from db.models import JobRow, TargetRow, WorkloadRow
 from db.queue import JobBusy, JobQueue
 from db.records import target_values, workload_values
-from search_space import Target, batch_matmul, dense, matmul
+from search_space import Target, batch_matmul, conv2d, dense, matmul
 from tuner.allocation import TaskHistory, batch_size, estimated_seconds, gains, model_latency, next_task
-from tuner.scheduler import TuningTask, tune_tasks
+from tuner.scheduler import TuningTask, family, tune_tasks
 from tuner.tune import JobFailed, JobSearch, TuneOptions
 from workers.pool import make_pool
 from workers.task import MeasureOptions
@@ -71,6 +71,21 @@ def test_a_task_slower_than_a_similar_one_has_more_room():
     assert gains([slow, fast], 4)[0] > gains([slow, unlike], 4)[0]
     far = TaskHistory("dense", 10**8, 1, (1e-2,) * 20)  # 100× the FLOPs: not similar
     assert gains([slow, far], 4)[0] == gains([slow, unlike], 4)[0]
+
+
+def test_the_gemm_ops_are_one_family_so_a_slow_attention_product_has_the_room_a_dense_layer_shows():
+    """BERT's attention products beside its dense layers: dense, matmul and batch_matmul share the GEMM template and
+    are similar; a convolution, and another dtype, are not. A product at less than half a dense layer's throughput
+    (Ansor's β) has room that a product among slow products only does not show."""
+    families = {workload.key: family(workload, TARGET) for workload in (
+        dense(200, 768, 768, bias=True), matmul(64, 64, 64), batch_matmul(12, 200, 200, 64),
+        conv2d(1, 64, 14, 14, 64, 3, 3, 1, 1), dense(200, 768, 768, dtype="int8"))}
+    assert len(set(families.values())) == 3, families
+    attention, layer = batch_matmul(12, 200, 200, 64), dense(200, 768, 768, bias=True)
+    slow = TaskHistory(family(attention, TARGET), attention.flops, 12, (attention.flops / 60e9,) * 12)
+    fast = TaskHistory(family(layer, TARGET), layer.flops, 12, (layer.flops / 207e9,) * 60)
+    alone = TaskHistory("another family", layer.flops, 12, (layer.flops / 207e9,) * 60)
+    assert gains([slow, fast], 4)[0] > gains([slow, alone], 4)[0]
 
 
 def test_an_unknown_task_is_allocated_at_the_slowest_throughput_and_leaves_the_latency_unknown():

@@ -18,17 +18,17 @@ STRATEGIES = ("gradient", "round-robin")
 ALPHA = 0.2  # weight of the observed rate of improvement against the optimistic one (Ansor's α)
 BETA = 2.0  # a task is expected to reach at least 1/β of the throughput of its best similar task (Ansor's β)
 WINDOW = 3  # batches over which the observed rate is taken (Ansor's backward window Δt)
-SIMILAR_FLOPS = 4.0  # shapes of one op within this factor of FLOPs reach comparable throughput
+SIMILAR_FLOPS = 4.0  # tasks of one family within this factor of FLOPs reach comparable throughput
 EPSILON = 0.05  # share of picks made at random: no task starves on a gain estimated too low
 
 
 @dataclass(frozen=True)
 class TaskHistory:
-    """What the scheduler knows of a task: its op and FLOPs (which tasks are similar), its weight (runs per
-    forward pass), its best seconds after each of its trials (inf until its first ok measurement), and
-    whether its search space has nothing left to measure."""
+    """What the scheduler knows of a task: its family and FLOPs (which tasks are similar: the scheduler names the
+    template and dtype a task is lowered by), its weight (runs per forward pass), its best seconds after each of
+    its trials (inf until its first ok measurement), and whether its search space has nothing left to measure."""
 
-    op: str
+    family: str
     flops: int
     weight: int
     best: tuple[float, ...] = ()
@@ -74,7 +74,7 @@ def gains(histories: Sequence[TaskHistory], batch: int) -> list[float]:
     sign flipped): weight × (α × the rate observed over the last WINDOW batches + (1 − α) × an optimistic
     rate). The optimistic rate is the larger of seconds / trials (the best keeps falling as fast as it has
     on average since the first trial) and, spread over one batch, the gap to 1/β of the throughput of the
-    best similar task (same op, FLOPs within SIMILAR_FLOPS×): a task far slower than shapes like it has
+    best similar task (same family, FLOPs within SIMILAR_FLOPS×): a task far slower than shapes like it has
     the most room. A task whose latency is not known at all gains inf."""
     seconds = estimated_seconds(histories)
     found = []
@@ -82,7 +82,7 @@ def gains(histories: Sequence[TaskHistory], batch: int) -> list[float]:
         if not math.isfinite(now):
             found.append(math.inf)
             continue
-        peers = [p.flops / s for p, s in zip(histories, seconds) if p.op == h.op and math.isfinite(s)
+        peers = [p.flops / s for p, s in zip(histories, seconds) if p.family == h.family and math.isfinite(s)
                  and max(p.flops, h.flops) <= SIMILAR_FLOPS * min(p.flops, h.flops)]
         reachable = BETA * h.flops / max(peers)
         optimistic = max(now / max(h.trials, 1), (now - reachable) / batch)

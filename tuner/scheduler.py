@@ -20,6 +20,7 @@ from db import Database
 from db.job_locks import Claim
 from db.queue import JobQueue
 from search_space import Target, Workload, get_space
+from search_space.templates import template
 from workers.pool import Pool
 from workers.task import MeasureOptions
 
@@ -170,8 +171,17 @@ def schedule(tasks: Sequence[TuningTask], searches: Sequence[JobSearch], pool: P
 
 def histories(tasks: Sequence[TuningTask], searches: Sequence[JobSearch], exhausted: set[int]) -> list[TaskHistory]:
     """What the allocation sees of each task."""
-    return [TaskHistory(task.workload.op, task.workload.flops, task.weight, best_seconds(search.result), i in exhausted)
+    return [TaskHistory(family(task.workload, search.target), task.workload.flops, task.weight,
+                        best_seconds(search.result), i in exhausted)
             for i, (task, search) in enumerate(zip(tasks, searches))]
+
+
+def family(workload: Workload, target: Target) -> str:
+    """Which tasks reach comparable throughput: those lowered by one template in one dtype. Dense, matmul and
+    batch_matmul are one GEMM template: compared with their own op only, BERT's attention products had as peers
+    only each other, all slow alike after their few trials (91 to 152 GFLOPS on an Intel AVX-512 host, where the
+    dense layers beside them ran at 207 and 64 more trials took one product from 91 to 174)."""
+    return f"{template(workload, target).__name__.rsplit('.', 1)[-1]} {workload.dtype}"
 
 
 def best_seconds(result: TuneResult) -> tuple[float, ...]:
