@@ -121,9 +121,11 @@ def test_tune_model_tunes_every_task_then_times_the_model(tmp_path):
     timed = run("bench", "model", "models.py:tiny", "--json", "--db", db, "--target", "llvm -threads=1", cwd=tmp_path)
     assert timed.returncode == 0, timed.stderr
     row = json.loads(timed.stdout.strip().splitlines()[-1])
-    assert {"model", "threads", "eager_ms", "inductor_ms", "tensortune_ms", "max_error"} <= set(row)
+    assert {"model", "threads", "eager_ms", "inductor_ms", "inductor_max_autotune_ms", "tensortune_ms",
+            "max_error"} <= set(row)
     assert row["model"] == "models.py:tiny" and row["threads"] == 1 and row["max_error"] < 1e-4
-    assert min(row["eager_ms"], row["inductor_ms"], row["tensortune_ms"]) > 0
+    assert min(row["eager_ms"], row["inductor_ms"], row["inductor_max_autotune_ms"], row["tensortune_ms"]) > 0
+    assert set(row["compile_seconds"]) == {"inductor", "inductor_max_autotune", "tensortune"}
 
 
 def test_a_transformers_bert_returning_a_model_output_is_tuned_then_timed(tmp_path):
