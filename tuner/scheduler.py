@@ -180,7 +180,7 @@ def family(workload: Workload, target: Target) -> str:
     """Which tasks reach comparable throughput: those lowered by one template in one dtype. Dense, matmul and
     batch_matmul are one GEMM template: compared with their own op only, BERT's attention products had as peers
     only each other, all slow alike after their few trials (91 to 152 GFLOPS on an Intel AVX-512 host, where the
-    dense layers beside them ran at 207 and 64 more trials took one product from 91 to 174)."""
+    dense layers beside them ran at 207), so none looked as if it had room to gain."""
     return f"{template(workload, target).__name__.rsplit('.', 1)[-1]} {workload.dtype}"
 
 
