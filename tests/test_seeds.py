@@ -66,6 +66,8 @@ def test_seeds_are_the_best_blocks_at_the_two_widest_vectors(target, workload):
     # the rest is the fallback's, where the register block leaves it valid
     assert all(seed[knob] == fallback[knob] for seed in seeds for knob in ("order", "parallel"))
     assert all(space.get(seed.index).to_dict() == seed.to_dict() for seed in seeds)
+    if workload.op != "conv2d":  # a batch_matmul's B, an activation packed at every call, is read in place
+        assert fallback["pack_b"] and [seed["pack_b"] for seed in seeds] == [workload.op != "batch_matmul"] * 4
 
 
 def test_amx_seeds_nothing_but_the_narrowed_target_gets_its_vector_family():
