@@ -56,7 +56,7 @@ def fallback_config(workload: Workload, target: Target | str = "llvm") -> Config
 
 
 def seed_configs(workload: Workload, target: Target | str = "llvm") -> list[Config]:
-    """The configs a search measures first where nothing of the op is known on the target (a template's `seeds`,
+    """The configs a search measures first where the op has not been searched on the target (a template's `seeds`,
     each once); none for a template that has no analytic choice to offer."""
     target = Target.parse(target)
     seeds = getattr(template(workload, target), "seeds", lambda *_: [])(workload, target, get_space(workload, target))

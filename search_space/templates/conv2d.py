@@ -101,7 +101,7 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
 
 
 def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Config]:
-    """What a search measures first where nothing of the op is known on the target: the register blocks of
+    """What a search measures first where the op has not been searched on the target: the register blocks of
     `seed_blocks` (output positions × channel vectors), the rest as the fallback."""
     base = dict(fallback(workload, target, space_).values)
     return [space_.nearest(base | {"vec": vec, "tile_ow": (-1, owr), "tile_k": (-1, kb)})

@@ -152,7 +152,7 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
 
 
 def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Config]:
-    """What a search measures first where nothing of the op is known on the target: the register blocks of
+    """What a search measures first where the op has not been searched on the target: the register blocks of
     `seed_blocks`, k in blocks whose A rows and B panel fit half of L1, the rest as the fallback. A float32
     batch_matmul's seeds read B in place: its B is an activation, packed again at every call, and unpacked the
     seed blocks of BERT's attention products ran 9-18% faster on an Intel AVX-512 host (the fallback, measured
