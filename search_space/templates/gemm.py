@@ -137,8 +137,8 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     eight broadcasts and one load per eight multiply-adds), B packed, k-blocks of 256, rows split across threads."""
     batch, m, n, k = _dims(workload)
     vec, registers = max(space_.knobs["vec"].candidates), target.vector_registers
-    best = best_blocks(MR_CHOICES, range(1, MOST_VECTORS + 1), registers)[0]
-    rows, vectors = (8, 2) if fills(8, 2, registers) else best
+    rows, vectors = (8, 2) if fills(8, 2, registers) else \
+        best_blocks(MR_CHOICES, range(1, MOST_VECTORS + 1), registers)[0]
     want = {
         "tile_m": (-1, 8, rows), "tile_n": (-1, 8, vectors * vec), "tile_k": (-1, 256), "vec": vec, "unroll_k": 4,
         "order": ("no", "ko", "mo"), "inner_order": ("ni", "mi"),
