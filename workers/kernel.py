@@ -16,17 +16,11 @@ import numpy as np
 
 from search_space import Config, Program, Target, Workload
 from search_space.program import Load, Stage, Store, walk
+from search_space.workload import aligned_empty
 
 
 class KernelArgumentError(ValueError):
     """The arrays given to a kernel do not match its workload."""
-
-
-def aligned_empty(shape: tuple[int, ...], dtype: str, alignment: int = 64) -> np.ndarray:
-    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    raw = np.empty(size + alignment, dtype=np.uint8)
-    start = -raw.ctypes.data % alignment
-    return raw[start:start + size].view(dtype).reshape(shape)
 
 
 def check_array(op: str, buffer, array, role: str, types: tuple[type, ...] = (np.ndarray,)):
@@ -87,7 +81,7 @@ class Kernel:
             raise KernelArgumentError(f"{self.workload.op} takes {len(free)} input(s) ({names}), got {len(inputs)}")
         arrays = dict(bound) | {b.name: self._check(b, a, "input") for b, a in zip(free, inputs)}
         if out is None:
-            out = np.empty(self.output.shape, self.output.dtype)
+            out = aligned_empty(self.output.shape, self.output.dtype)
         arrays[self.output.name] = self._check(self.output, out, "output")
         return arrays
 

@@ -11,6 +11,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from search_space import Workload
+from search_space.workload import aligned_empty
 
 from .kernel import Kernel
 from .timing import calls_per_sample, time_samples
@@ -26,7 +27,7 @@ def inference_calls(kernel: Kernel, inputs, weight_bytes: int = 0) -> tuple[list
     the weights of its own, as many copies as hold `weight_bytes` (one at least, MAX_COPIES at most; one call
     where there are no weights)."""
     workload = kernel.workload
-    out = np.empty(workload.output_shape, workload.output_dtype)
+    out = aligned_empty(workload.output_shape, workload.output_dtype)
     named = dict(zip((name for name, _ in workload.operand_shapes()), inputs))
     weights = {name: named[name] for name in workload.weight_names()}
     if not weights:
