@@ -6,9 +6,10 @@ import pytest
 
 from bench.peak import peak_gflops, tile_peak_module
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target, lower, matmul
-from search_space.templates.gemm import FAMILIES as GEMM_FAMILIES, TILE, TILE_REGISTERS, isas
+from search_space.templates.gemm import FAMILIES as GEMM_FAMILIES, TILE, isas
 from workers.build import generated_assembly
 from workers.llvm_codegen import CodegenError, generate
+from workers.llvm_amx import REGISTERS as TILE_REGISTERS, register_groups
 from workers.llvm_jit import emit_assembly
 from tests.isa_helpers import check, configs_using
 
@@ -47,13 +48,22 @@ def test_the_amx_family_is_offered_only_where_the_target_has_amx(family):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_every_amx_config_fits_the_tile_registers(family):
-    """C's tiles, one tile of the larger side and all of the smaller side's: at most eight, on a packed B."""
+def test_every_amx_block_runs_in_register_groups_under_one_tile_configuration(family):
+    """Blocks of up to 4 × 4 whole tiles on a packed B; each group of C's tiles the code generator runs at a time fits
+    the eight tile registers beside its smaller side's tiles and one of the other's, the groups cover the block once,
+    and a block larger than the registers is one pass: one tile configuration written, not one per group."""
     tiled = list(get_space(dense(200, 300, 768, dtype=FAMILIES[family][0]), SAPPHIRE).restrict({"isa": (family,)}))
     for config in tiled:
         rows, columns = (-(-config[knob][2] // TILE) for knob in ("tile_m", "tile_n"))
-        assert rows * columns + min(rows, columns) + 1 <= TILE_REGISTERS and config["pack_b"]
-    assert {config["tile_m"][2] for config in tiled} >= {16, 32, 64}
+        groups = register_groups(rows, columns)
+        assert all(len(r) * len(c) + min(len(r), len(c)) + 1 <= TILE_REGISTERS for r, c in groups) and config["pack_b"]
+        assert sorted((i, j) for r, c in groups for i in r for j in c) == [(i, j) for i in range(rows) for j in range(columns)]
+    assert {(config["tile_m"][2], config["tile_n"][2]) for config in tiled} >= {(16, 64), (32, 32), (64, 64)}
+    workload = dense(64, 64, 64, dtype=FAMILIES[family][0])
+    block = get_space(workload, SAPPHIRE).config(fallback_config(workload, SAPPHIRE).to_dict() | {
+        "tile_m": [-1, 1, 64], "tile_n": [-1, 1, 64], "tile_k": [-1, 64]})
+    assembly = generated_assembly(lower(workload, SAPPHIRE, block), SAPPHIRE)
+    assert assembly.count("ldtilecfg") == 1 and assembly.count(FAMILIES[family][1]) == 16
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -18,11 +18,12 @@ each byte widened to int32, multiplied and added (`widen`, any CPU) or VNNI's `v
 the weights' row sums (summed once, when the weights are bound), scaled to float32, then bias and
 epilogue; partial sums of a k-block wait in an int32 workspace.
 
-Where the CPU has AMX, `isa` may be `amx-bf16` or `amx-int8`: the micro-kernel's block is then a
-few tiles of 16 rows × 16 columns of C (as many as fit the eight tile registers beside one A and
-the B tiles), and its k loop a `tile` nest that the code generator runs as tile loads and
-`tdpbf16ps` / `tdpbusd` products, 32 bf16 or 64 bytes of k a step, from A's rows as they are and
-the packed B's group rows (16 columns × 4 bytes: exactly a tile row).
+Where the CPU has AMX, `isa` may be `amx-bf16` or `amx-int8`: the micro-kernel's block is then
+up to 4 × 4 tiles of 16 rows × 16 columns of C, and its k loop a `tile` nest that the code
+generator runs as tile loads and `tdpbf16ps` / `tdpbusd` products, 32 bf16 or 64 bytes of k a
+step, from A's rows as they are and the packed B's group rows (16 columns × 4 bytes: exactly a
+tile row), a group of tiles that fits the eight tile registers at a time, all under one tile
+configuration.
 """
 from __future__ import annotations
 
@@ -48,7 +49,6 @@ DOTS = {"fma": "dot2", "avx512bf16": "dot2_bf16", "amx-bf16": "dot2_amx", "widen
         "amx-int8": "dot4_amx"}
 AMX = ("amx-bf16", "amx-int8")
 TILE = 16  # rows of an AMX tile, and 32-bit columns
-TILE_REGISTERS = 8
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 AMX_MR_CHOICES = (32, 48, 64)  # register blocks of several tiles' rows, offered only where AMX is
 NR_CHOICES = (4, 8, 12, 16, 24, 32, 48, 64)
@@ -96,12 +96,10 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
         mr, nr = tile_m[2], tile_n[2]
         return nr % vec == 0 and fills(mr, nr // vec, registers) and nr // vec <= MOST_VECTORS
 
-    def tiles_fit(tile_m, tile_n):
-        """Whole tiles (or the whole extent), and C's tiles beside one A or B tile and the smaller side's others
-        fit the tile registers."""
-        (mr, nr), whole = (tile_m[2], tile_n[2]), lambda r, extent: r % TILE == 0 or r == min(extent, TILE)
-        rows, columns = -(-mr // TILE), -(-nr // TILE)
-        return whole(mr, m) and whole(nr, n) and rows * columns + min(rows, columns) + 1 <= TILE_REGISTERS
+    def whole_tiles(tile_m, tile_n):
+        """Whole tiles, or the whole extent where it is below one."""
+        whole = lambda r, extent: r % TILE == 0 or r == min(extent, TILE)
+        return whole(tile_m[2], m) and whole(tile_n[2], n)
 
     register_block = [(("tile_m", "tile_n", "vec"), fits)]
     if workload.dtype not in FAMILIES:
@@ -117,7 +115,7 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
         """Tiles for AMX, on a packed B, written back on 16 lanes, the k loop not unrolled (the two knobs are fixed
         there); a register block for the vector families."""
         if isa in AMX:
-            return pack_b and vec == max(vec_choices) and unroll_k == 1 and tiles_fit(tile_m, tile_n)
+            return pack_b and vec == max(vec_choices) and unroll_k == 1 and whole_tiles(tile_m, tile_n)
         return fits(tile_m, tile_n, vec) and groups_read(isa, pack_b, vec)
 
     return ConfigSpace(knobs, [(("isa", "tile_m", "tile_n", "vec", "pack_b", "unroll_k"), valid)], strata="isa")
