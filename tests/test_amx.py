@@ -6,9 +6,10 @@ import pytest
 
 from bench.peak import peak_gflops, tile_peak_module
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target, lower, matmul
+from search_space.program import Buffer, Const, Loop, Op, var
 from search_space.templates.gemm import FAMILIES as GEMM_FAMILIES, TILE, isas
 from workers.build import generated_assembly
-from workers.llvm_codegen import CodegenError, generate
+from workers.llvm_codegen import CodegenError, _zeroing_before_tiles, generate
 from workers.llvm_amx import REGISTERS as TILE_REGISTERS, register_groups
 from workers.llvm_jit import emit_assembly
 from tests.isa_helpers import check, configs_using
@@ -82,6 +83,26 @@ def test_amx_configs_compile_to_tile_products_on_any_host(family):
                                                                                   "tile_n": [-1, 8, 32]})
     assert instruction not in generated_assembly(lower(dense(64, 768, 768, dtype=dtype), SAPPHIRE, vector), SAPPHIRE)
 
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_c_tiles_start_as_zero_tiles_where_the_block_was_just_zeroed(family):
+    """The micro-kernel zeroes its block of C and then accumulates tiles into it: the tiles start as `tilezero`
+    and the zeroing is left out (a tile load of what vector stores have just written waits for them), in every
+    k-block, whatever the k-blocks; a zeroing that does not cover the whole block is kept."""
+    dtype = FAMILIES[family][0]
+    for workload, k_block in ((dense(64, 768, 768, dtype=dtype), 768), (dense(64, 768, 768, dtype=dtype), 256),
+                              (batch_matmul(3, 17, 42, 31, dtype=dtype), 31)):
+        config = get_space(workload, SAPPHIRE).config(fallback_config(workload, SAPPHIRE).to_dict() | {
+            "tile_k": [-1, k_block]})
+        assembly = generated_assembly(lower(workload, SAPPHIRE, config), SAPPHIRE)
+        assert "tilezero" in assembly and "memset" not in assembly
+    acc, a, bp = Buffer("acc", (16, 16), "register"), Buffer("A", (16, 64), "input", dtype), Buffer("Bp", (32, 16, 2), "packed", dtype)
+    r, c, q = var("r"), var("c"), var("q")
+    product = acc.store((r, c), Op("dot2_amx", (a[r, 2 * q], bp[q, c, 0], a[r, 2 * q + 1], bp[q, c, 1], acc[r, c])))
+    nest = Loop("q", 32, "tile", (Loop("r", 16, "tile", (Loop("c", 16, "tile", (product,)),)),))
+    zeroing = lambda rows: Loop("r", rows, "unrolled", (Loop("c", 16, "vectorized", (acc.store((r, c), Const(0.0)),)),))
+    assert _zeroing_before_tiles(zeroing(16), nest) == "acc"
+    assert _zeroing_before_tiles(zeroing(15), nest) is None and _zeroing_before_tiles(zeroing(16), zeroing(16)) is None
 
 def test_a_tile_product_without_amx_is_refused_by_the_code_generator():
     workload = dense(64, 768, 768, dtype="bfloat16")

@@ -63,15 +63,17 @@ def _uniform(extent: int, size: int) -> list[tuple[int, int, int]]:
 
 
 def tile_product(b: ir.IRBuilder, declare, product: str, c: Operand, a: Operand, bp: Operand,
-                 rows: int, columns: int, groups: int) -> None:
+                 rows: int, columns: int, groups: int, from_zero: bool = False) -> None:
     """C[rows × columns] += A[rows × groups] · Bp[groups × columns], one pass per shape of tiles and of k step;
-    `declare(name, ret, args)` declares an intrinsic in the module."""
+    `declare(name, ret, args)` declares an intrinsic in the module. `from_zero`: C = A · Bp, whatever C holds (the
+    first pass of each block of C's tiles starts from zero tiles, the passes of later k steps from the first's)."""
     at = lambda operand, offset: b.gep(operand.base, [ir.Constant(I64, offset)], source_etype=I8)
     for r0, height, row_tiles in _uniform(rows, TILE):
         for c0, width, column_tiles in _uniform(columns, TILE):
             for k0, depth, steps in _uniform(groups, STEP):
                 shape = (height, row_tiles, width, column_tiles, depth, steps)
-                function = _pass(b.module, declare, product, shape, (c.stride, a.stride, bp.stride))
+                strides = (c.stride, a.stride, bp.stride)
+                function = _pass(b.module, declare, product, shape, strides, from_zero and k0 == 0)
                 b.call(function, [at(c, r0 * c.stride + 4 * c0), at(a, r0 * a.stride + GROUP * k0),
                                   at(bp, GROUP * c0 + k0 * bp.stride)])
 
@@ -85,13 +87,14 @@ def register_groups(row_tiles: int, column_tiles: int) -> list[tuple[range, rang
             for i in range(0, row_tiles, rows) for j in range(0, column_tiles, columns)]
 
 
-def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple) -> ir.Function:
-    """`void (ptr C, ptr A, ptr Bp)`: C's row_tiles × column_tiles tiles += `steps` k steps of `depth` groups; one
-    function per shape and strides in a module. It runs C's tiles a register group at a time (loaded, carried
-    through the k steps, stored), all under the one tile configuration LLVM writes at its entry: writing one costs
-    about as much as twelve tile products (78 ns on an Intel AMX host). Within a step the group's smaller side's
-    tiles are all loaded, the other side's one at a time."""
-    name = f"tiles.{product}.{'.'.join(map(str, shape + strides))}"
+def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple, from_zero: bool) -> ir.Function:
+    """`void (ptr C, ptr A, ptr Bp)`: C's row_tiles × column_tiles tiles += `steps` k steps of `depth` groups (C's
+    tiles from zero tiles, not from C, where `from_zero`); one function per shape, strides and start in a module.
+    It runs C's tiles a register group at a time (loaded, carried through the k steps, stored), all under the one
+    tile configuration LLVM writes at its entry: writing one costs about as much as twelve tile products (78 ns on
+    an Intel AMX host). Within a step the group's smaller side's tiles are all loaded, the other side's one at a
+    time."""
+    name = f"tiles.{product}.{'.'.join(map(str, shape + strides))}" + (".zero" if from_zero else "")
     if name in module.globals:
         return module.globals[name]
     height, row_tiles, width, column_tiles, depth, steps = shape
@@ -106,6 +109,7 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
     b = ir.IRBuilder(function.append_basic_block("entry"))
     word, long = (lambda n: ir.Constant(I16, n)), (lambda n: ir.Constant(I64, n))
     load, store, dot = intrinsics(declare, product)
+    zero = declare("llvm.x86.tilezero.internal", AMX, [I16, I16])
     tile_at = lambda base, offset, rows, row_bytes, stride: b.call(load, [word(rows), word(row_bytes), b.gep(
         base, [offset], source_etype=I8), long(stride)])
     c_tile = lambda i, j: (c, long(i * TILE * c_stride + 4 * TILE * j))
@@ -133,7 +137,8 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
         return out
 
     for rows, columns in register_groups(row_tiles, column_tiles):
-        acc = {(i, j): tile_at(*c_tile(i, j), height, 4 * width, c_stride) for i in rows for j in columns}
+        acc = {(i, j): b.call(zero, [word(height), word(4 * width)]) if from_zero else
+               tile_at(*c_tile(i, j), height, 4 * width, c_stride) for i in rows for j in columns}
         if steps == 1:
             acc = step(long(0), acc, rows, columns)
         else:  # a loop whose phis carry the group's C tiles

@@ -29,11 +29,13 @@ groups (`interleaved_copy`) and a square block transposed (`transposed_copy`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from search_space.program import ITEMSIZE, Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, Store, Value
+from search_space.program import (ITEMSIZE, Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, Store, Value,
+                                  walk)
 
 from .llvm_amx import PRODUCTS, Operand, tile_product
 
@@ -195,8 +197,14 @@ class LLVMCodegen:
 
     # --- statements ------------------------------------------------------------------------
     def stmts(self, f: _Function, stmts, vector: _Vector | None = None) -> None:
-        for stmt in stmts:
-            if isinstance(stmt, Store):
+        stmts, zeroed = list(stmts), None
+        for stmt, following in zip(stmts, stmts[1:] + [None]):
+            if zeroed is not None:  # the tile nest whose block the statement before zeroed: it starts from zero tiles
+                self.tile_nest(f, stmt, from_zero=True)
+                zeroed = None
+            elif vector is None and (zeroed := _zeroing_before_tiles(stmt, following)) is not None:
+                continue
+            elif isinstance(stmt, Store):
                 self.store(f, stmt, vector)
             elif isinstance(stmt, If):
                 self.branch(f, stmt, vector)
@@ -276,9 +284,10 @@ class LLVMCodegen:
         f.builder.call(self._subroutines[key], list(f.fn.args[:len(self.memory)]) + arguments)
         f.known.clear()
 
-    def tile_nest(self, f: _Function, nest: Loop) -> None:
+    def tile_nest(self, f: _Function, nest: Loop, from_zero: bool = False) -> None:
         """acc[r, c] = dot(A[r, g·q + j], Bp[q, c, j] for each j, acc[r, c]) in loops q, r, c of kind `tile`: A's
-        groups along its rows, B's packed a group a column, the block's columns contiguous, as AMX tile products."""
+        groups along its rows, B's packed a group a column, the block's columns contiguous, as AMX tile products;
+        `from_zero`: acc's block is zero before it (its zeroing left out), so C's tiles start as zero tiles."""
         rows = nest.body[0] if len(nest.body) == 1 and isinstance(nest.body[0], Loop) else None
         columns = rows.body[0] if rows and len(rows.body) == 1 and isinstance(rows.body[0], Loop) else None
         store = columns.body[0] if columns and len(columns.body) == 1 else None
@@ -306,7 +315,7 @@ class LLVMCodegen:
             return Operand(base, offset.coeff(row) * load.buffer.itemsize)
 
         tile_product(f.builder, self._extern, op.name, operand(store, c_offset, r), operand(terms[0], a_offset, r),
-                     operand(terms[1], b_offset, q), rows.extent, columns.extent, nest.extent)
+                     operand(terms[1], b_offset, q), rows.extent, columns.extent, nest.extent, from_zero)
         f.forget(store.buffer.name)
 
     def interleaved_copy(self, f: _Function, vector: _Vector, group: Loop, store: Store) -> None:
@@ -601,6 +610,31 @@ def _unrolled_copy(loop: Loop) -> tuple[Loop, Store, Affine, Affine] | None:
         return None
     return inner, store, store.buffer.flat(store.index), store.value.buffer.flat(store.value.index)
 
+
+def _zeroing_before_tiles(stmt, following) -> str | None:
+    """The buffer `stmt` sets to zero, element by element, when `following` is a tile nest accumulating into all
+    of it: the nest's C tiles then start as zero tiles, and the zeroing is left out. A tile load of what vector
+    stores have just written waits for them to reach the cache (the stall was a third of a pass's time, in perf, on
+    an Intel AMX host)."""
+    if not (isinstance(stmt, Loop) and isinstance(following, Loop) and following.kind == "tile"):
+        return None
+    buffer, count = _tile_store(following), 0
+    for inner, _, loops in walk([stmt]):
+        if isinstance(inner, Store):
+            if inner.buffer != buffer or inner.value != Const(0) and inner.value != Const(0.0):
+                return None
+            count += math.prod(loop.extent for loop in loops)
+        elif not isinstance(inner, Loop):
+            return None
+    return buffer.name if buffer is not None and count == buffer.size else None
+
+
+def _tile_store(nest: Loop):
+    """The buffer a tile nest (k groups, rows, columns around one store) accumulates into, if it fills it."""
+    rows = nest.body[0] if len(nest.body) == 1 and isinstance(nest.body[0], Loop) else None
+    columns = rows.body[0] if rows and len(rows.body) == 1 and isinstance(rows.body[0], Loop) else None
+    store = columns.body[0] if columns and len(columns.body) == 1 and isinstance(columns.body[0], Store) else None
+    return store.buffer if store and rows.extent * columns.extent == store.buffer.size else None
 
 def _interleaved(loop: Loop) -> tuple[Loop, Store] | None:
     """(the group loop, its store) when a vectorized loop holds only an unrolled loop of g copies dst[.., l, j] =

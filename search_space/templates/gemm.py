@@ -132,7 +132,9 @@ def isas(target: Target, dtype: str = "bfloat16") -> tuple[str, ...]:
 def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     """The untuned default: an 8×(2 vectors) register block where it fits the register file (AVX-512's 32), else the
     block `best_blocks` ranks first there (AVX2's 16: 4 × 3 vectors, where the nearest valid config to 8 × 2 is 8 × 1,
-    eight broadcasts and one load per eight multiply-adds), B packed, k-blocks of 256, rows split across threads."""
+    eight broadcasts and one load per eight multiply-adds), B packed, k-blocks of 256, rows split across threads.
+    AMX's is 2 × 2 tiles through the whole k (dense 128×768×3072 bfloat16, 1 thread, on an Intel AMX host: 802
+    GFLOPS against 621 in k-blocks of 512)."""
     batch, m, n, k = _dims(workload)
     vec, registers = max(space_.knobs["vec"].candidates), target.vector_registers
     rows, vectors = (8, 2) if fills(8, 2, registers) else \
@@ -144,8 +146,8 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     }
     if "isa" in space_.knobs:
         want["isa"] = space_.knobs["isa"].candidates[-1]
-        if want["isa"] in AMX:  # 2 × 2 tiles of C, k-blocks of 512
-            want |= {"tile_m": (-1, 2, 2 * TILE), "tile_n": (-1, 2, 2 * TILE), "tile_k": (-1, 512), "unroll_k": 1}
+        if want["isa"] in AMX:  # 2 × 2 tiles of C through the whole k: every k-block stores and reloads them
+            want |= {"tile_m": (-1, 2, 2 * TILE), "tile_n": (-1, 2, 2 * TILE), "tile_k": (-1, k), "unroll_k": 1}
     return space_.nearest(want)
 
 
