@@ -30,7 +30,7 @@ from workers import build
 from workers.reference import head_to_head, inference_call, reference_calls
 from workers.task import MeasureOptions, timed_call
 
-from .peak import family_peaks, launch_microseconds
+from .peak import family_peak_call, family_peaks, launch_microseconds
 
 MIN_REPEAT_MS = {True: 10.0, False: 30.0}  # by --quick
 # ResNet-18's distinct convolutions at batch 1: C, H = W, K, R = S, stride (padding R // 2)
@@ -134,14 +134,22 @@ def blas_description() -> str:
     return kernel + (f"; environment {env}" if env else "")
 
 
-def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quick: bool) -> dict:
-    """Search one shape, then time the best config head to head with the references."""
+def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quick: bool,
+                peaks: dict[str, float] | None = None) -> dict:
+    """Search one shape, then time the best config head to head with the references and with the peak kernel of
+    its instruction family (where `peaks` has one): a shared host's neighbours slow a timing by up to a half, in
+    phases of seconds (an Intel AMX host: its tile-product peak 1018 GFLOPS in one minute, 2232 in another), so
+    its fraction of the peak is of a peak measured in the same rounds."""
     start = time.perf_counter()
     best, tried = search(workload, target, trials, seed, MIN_REPEAT_MS[quick])
     inputs = workload.random_inputs()
     ours, _ = inference_call(best.kernel, inputs)
-    seconds = head_to_head({"tensortune": ours} | reference_calls(workload, target.threads, inputs), target.threads,
-                           rounds=3 if quick else 7, min_repeat_ms=MIN_REPEAT_MS[quick])
+    family = best.config.to_dict().get("isa", "fma")
+    calls = {"tensortune": ours} | reference_calls(workload, target.threads, inputs)
+    if family in (peaks or {}):  # none for int8's `widen` where it splits bytes (not x86)
+        calls["peak"], peak_flops = family_peak_call(target, family)
+    seconds = head_to_head(calls, target.threads, rounds=3 if quick else 7, min_repeat_ms=MIN_REPEAT_MS[quick])
+    peak = peak_flops / seconds.pop("peak") / 1e9 if "peak" in seconds else None
     gflops = {name: workload.flops / s / 1e9 for name, s in seconds.items()}
     return {
         "workload": workload.key, "threads": target.threads, "gflops": round(gflops["tensortune"], 2),
@@ -151,6 +159,8 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
         "config": {"index": best.config.index, "knobs": best.config.to_dict()},
         "compile_ms": round(best.kernel.compile_seconds * 1e3, 1), "candidates": tried,
         "search_seconds": round(time.perf_counter() - start, 1), "target": str(target),
+        "family": family, "peak_gflops": peak and round(peak, 2),
+        "peak_fraction": peak and round(gflops["tensortune"] / peak, 3),
     }
 
 
@@ -174,11 +184,7 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
         rates = ", ".join(f"{family} {peak:.1f}" for family, peak in peaks.items())
         console.print(f"{threads} thread(s): peak rate (GFLOPS) {rates}; a kernel launch from Python costs {launch:.1f} µs")
         for workload in shapes:
-            row = bench_shape(workload, target, trials, seed, quick)
-            family = row["config"]["knobs"].get("isa", "fma")
-            peak = peaks.get(family)  # none for int8's `widen` where it splits bytes (not x86)
-            row |= {"family": family, "peak_gflops": peak and round(peak, 2), "launch_us": round(launch, 2)}
-            row["peak_fraction"] = peak and round(row["gflops"] / peak, 3)
+            row = bench_shape(workload, target, trials, seed, quick, peaks) | {"launch_us": round(launch, 2)}
             rows.append(row)
             if json_lines:
                 print(json.dumps(row), flush=True)

@@ -164,9 +164,14 @@ def has_widen_peak(target: Target) -> bool:
     return pmaddwd(target.vector_bits // 32, target.features) is not None
 
 
+def family_peak_call(target: Target, family: str = "fma") -> tuple[Callable[[], None], int]:
+    """The call of `family`'s peak kernel on the target's threads, and the operations of one call."""
+    return (tile_peak_call(target, family) if family in TILE_PRODUCTS else
+            widen_peak_call(target) if family == "widen" else peak_call(target, family))
+
+
 def peak_gflops(target: Target, family: str = "fma") -> float:
-    call, flops = (tile_peak_call(target, family) if family in TILE_PRODUCTS else
-                   widen_peak_call(target) if family == "widen" else peak_call(target, family))
+    call, flops = family_peak_call(target, family)
     return flops / min(time_samples(call, repeat=5, min_repeat_ms=50)) / 1e9
 
 
