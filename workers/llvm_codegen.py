@@ -288,9 +288,7 @@ class LLVMCodegen:
         """acc[r, c] = dot(A[r, g·q + j], Bp[q, c, j] for each j, acc[r, c]) in loops q, r, c of kind `tile`: A's
         groups along its rows, B's packed a group a column, the block's columns contiguous, as AMX tile products;
         `from_zero`: acc's block is zero before it (its zeroing left out), so C's tiles start as zero tiles."""
-        rows = nest.body[0] if len(nest.body) == 1 and isinstance(nest.body[0], Loop) else None
-        columns = rows.body[0] if rows and len(rows.body) == 1 and isinstance(rows.body[0], Loop) else None
-        store = columns.body[0] if columns and len(columns.body) == 1 else None
+        rows, columns, store = _tile_parts(nest)
         op = getattr(store, "value", None)
         if not isinstance(op, Op) or op.name not in PRODUCTS or {rows.kind, columns.kind} != {"tile"}:
             raise CodegenError(f"tile nest {nest.var} is not three tile loops around one AMX product")
@@ -629,12 +627,18 @@ def _zeroing_before_tiles(stmt, following) -> str | None:
     return buffer.name if buffer is not None and count == buffer.size else None
 
 
-def _tile_store(nest: Loop):
+def _tile_store(nest: Loop) -> Buffer | None:
     """The buffer a tile nest (k groups, rows, columns around one store) accumulates into, if it fills it."""
+    rows, columns, store = _tile_parts(nest)
+    return store.buffer if isinstance(store, Store) and rows.extent * columns.extent == store.buffer.size else None
+
+
+def _tile_parts(nest: Loop) -> tuple[Loop | None, Loop | None, object]:
+    """A tile nest's rows loop, columns loop and single statement, where it has them (None where it does not)."""
     rows = nest.body[0] if len(nest.body) == 1 and isinstance(nest.body[0], Loop) else None
     columns = rows.body[0] if rows and len(rows.body) == 1 and isinstance(rows.body[0], Loop) else None
-    store = columns.body[0] if columns and len(columns.body) == 1 and isinstance(columns.body[0], Store) else None
-    return store.buffer if store and rows.extent * columns.extent == store.buffer.size else None
+    return rows, columns, columns.body[0] if columns and len(columns.body) == 1 else None
+
 
 def _interleaved(loop: Loop) -> tuple[Loop, Store] | None:
     """(the group loop, its store) when a vectorized loop holds only an unrolled loop of g copies dst[.., l, j] =
