@@ -289,8 +289,8 @@ class Workload:
         """Uniform in [-1, 1), drawn in float32 (not drawn in float64 and cast: 1.6x faster), rounded to the
         workload's dtype; integers uniform over their whole range, scales that bring a dequantized product near 1.
         Each array starts on a cache line, as PyTorch's tensors do, so that kernels are timed on the inputs a model
-        gives them: NumPy's own start 16 bytes apart, and an AMX tile whose rows straddle cache lines loads about
-        three times slower."""
+        gives them: NumPy's own start on any 16-byte boundary, and an AMX tile whose rows straddle cache lines loads
+        about three times slower."""
         rng = np.random.default_rng(seed)
 
         def draw(name: str, shape: tuple[int, ...]) -> np.ndarray:
