@@ -28,7 +28,7 @@ class PoolOptions:
     start_timeout: float = 60.0  # seconds for a new worker process to import and report ready
     host_lock: str | None = None  # the file every pool on a host locks; None: host_lock.default_path() there
     host_lock_wait: float = 60.0  # seconds a step waits for other pools; then it runs and its record says so
-    memory_limit: int | None = None  # bytes of address space per worker; None: the host's RAM / workers; 0: none
+    memory_limit: int | None = None  # bytes of writable data per worker; None: the host's RAM / workers; 0: none
 
 
 @dataclass(frozen=True)

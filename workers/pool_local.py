@@ -50,8 +50,11 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
     # after a call keeps spinning and steals a core from the next kernel timed (first timings
     # of each worker were 1.75x slower on two cores).
     threadpool_limits(1, user_api="blas")
-    if memory_limit:  # a runaway allocation fails here (MemoryError) instead of waking the OOM killer
-        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    # A runaway allocation fails here (MemoryError) instead of waking the OOM killer. The limit is on writable
+    # data, not address space: CUDA reserves address space for the GPU's memory and the host's at its first call,
+    # and under an address-space limit that fails as cudaErrorMemoryAllocation (seen on an H100 host).
+    if memory_limit:
+        resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
     lock = HostLock(*host_lock) if host_lock else None
     conn.send("ready")
     built: Built | MeasureResult | None = None
