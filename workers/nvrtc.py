@@ -2,32 +2,24 @@
 package): no GPU, driver or CuPy is needed, only the NVRTC library, which the binding finds in the
 `nvidia-cuda-nvrtc-cu12` wheel or a CUDA toolkit (`pip install 'tensortune[nvrtc]'` installs both).
 
-The cubin is built for one real architecture (`sm_90` runs on compute capability 9.0 only), and
-ptxas reports what each kernel uses: registers, spills, shared memory. A kernel whose launch
-would be refused for its registers is an InvalidConfig here, before any launch.
+The cubin is built for one real architecture (`sm_90` runs on compute capability 9.0 only) and
+declares what each kernel uses (registers, shared memory; `cubin.kernel_usage`). A kernel whose
+launch would be refused for its registers is an InvalidConfig here, before any launch. The log
+keeps ptxas' own report (`-v`) for whoever reads it.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from search_space import InvalidConfig
 from search_space.gpu_device import compute_capability, limits
 
+from .cubin import KernelUsage, kernel_usage
 from .llvm_jit import CompileError
 
 
 class CudaCompileError(CompileError):
     """NVRTC rejected the generated CUDA C (the log says where), or NVRTC is not installed."""
-
-
-@dataclass(frozen=True)
-class KernelUsage:
-    """What ptxas reports for one kernel."""
-
-    registers: int
-    spill_bytes: int  # stores and loads to local memory caused by register pressure
-    shared_bytes: int
 
 
 @dataclass(frozen=True)
@@ -83,22 +75,7 @@ def compile_cuda(code: str, arch: str, name: str = "tensortune.cu") -> Cubin:
         image = _read(nvrtc, program, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
-    return Cubin(image, arch, parse_usage(log), log)
-
-
-def parse_usage(log: str) -> dict[str, KernelUsage]:
-    """Per kernel, from ptxas' -v lines: 'Compiling entry function 'gemm' ...', '... N bytes spill stores,
-    M bytes spill loads', 'Used R registers, ... S bytes smem'."""
-    usage, current, spills = {}, None, 0
-    for line in log.splitlines():
-        if match := re.search(r"Compiling entry function '(\w+)'", line):
-            current, spills = match.group(1), 0
-        elif match := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line):
-            spills = int(match.group(1)) + int(match.group(2))
-        elif (match := re.search(r"Used (\d+) registers", line)) and current:
-            shared = re.search(r"(\d+) bytes smem", line)
-            usage[current] = KernelUsage(int(match.group(1)), spills, int(shared.group(1)) if shared else 0)
-    return usage
+    return Cubin(image, arch, kernel_usage(image), log)
 
 
 def check_limits(cubin: Cubin, threads: dict[str, int]) -> None:
