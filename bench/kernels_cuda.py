@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable
-
-import numpy as np
 
 from search_space import Target, Workload, batch_matmul, dense, matmul
 from search_space.gpu_device import host_gpu
-from workers.cuda_measure import CudaTimedCall, event_samples
-from workers.task import MeasureOptions
+from workers.cuda_measure import CudaTimedCall, cublas_call, cuda_head_to_head
 
 from .kernels import search
 
@@ -28,29 +24,13 @@ SHAPES = [
 MIN_REPEAT_MS = {True: 5.0, False: 20.0}  # by --quick
 
 
-def cublas_call(workload: Workload, inputs) -> Callable[[], object]:
-    """The core product by CuPy (cuBLAS SGEMM, batched for batch_matmul), into a preallocated output."""
-    import cupy
-
-    a, b = (cupy.asarray(x) for x in inputs[:2])
-    if workload.op == "dense":
-        b = b.T
-    out = cupy.empty(workload.output_shape, np.float32)
-    return lambda: cupy.matmul(a, b, out=out)
-
-
 def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quick: bool) -> dict:
     start = time.perf_counter()
     best, tried = search(workload, target, trials, seed, MIN_REPEAT_MS[quick])
     inputs = workload.random_inputs()
-    calls = {"tensortune": CudaTimedCall(best.kernel, inputs),
-             "cublas": cublas_call(workload, inputs)}
-    options = MeasureOptions(repeat=1, min_repeat_ms=MIN_REPEAT_MS[quick])
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(3 if quick else 7):  # alternating rounds: a passing clock change hits both alike
-        for name, call in calls.items():
-            samples[name] += event_samples(call, options)
-    gflops = {name: workload.flops / float(np.median(s)) / 1e9 for name, s in samples.items()}
+    calls = {"tensortune": CudaTimedCall(best.kernel, inputs), "cublas": cublas_call(workload, inputs)}
+    seconds = cuda_head_to_head(calls, rounds=3 if quick else 7, min_repeat_ms=MIN_REPEAT_MS[quick])
+    gflops = {name: workload.flops / s / 1e9 for name, s in seconds.items()}
     return {"workload": workload.key, "target": str(target), "gflops": round(gflops["tensortune"], 1),
             "cublas_gflops": round(gflops["cublas"], 1), "ratio": round(gflops["tensortune"] / gflops["cublas"], 3),
             "config": {"index": best.config.index, "knobs": best.config.to_dict()},

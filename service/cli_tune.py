@@ -21,15 +21,25 @@ from .runner import make_measurer
 
 def compare_with_reference(workload, target, config) -> tuple[float, str, float]:
     """(the config's GFLOPS, the reference's name, its GFLOPS), timed head to head now, in this process,
-    alternately: NumPy's in float32, PyTorch's in bfloat16 (workers/reference.py)."""
+    alternately: NumPy's in float32, PyTorch's in bfloat16 (workers/reference.py); on a GPU, cuBLAS's, both
+    timed by events on inputs already there, as tuning timed them."""
     from workers import build
     from workers.reference import head_to_head, inference_call, reference_calls, reference_name
 
     inputs = workload.random_inputs()
-    ours, _ = inference_call(build(workload, target, config), inputs)
-    name, theirs = next(iter(reference_calls(workload, target.threads, inputs).items()))
-    seconds = head_to_head({"tensortune": ours, name: theirs}, target.threads, rounds=3)
-    return workload.flops / seconds["tensortune"] / 1e9, reference_name(name, workload), workload.flops / seconds[name] / 1e9
+    kernel = build(workload, target, config)
+    if target.kind == "cuda":
+        from workers.cuda_measure import CudaTimedCall, cublas_call, cuda_head_to_head
+
+        calls = {"tensortune": CudaTimedCall(kernel, inputs), "cuBLAS": cublas_call(workload, inputs)}
+        seconds = cuda_head_to_head(calls, rounds=3, min_repeat_ms=20.0)
+        name, reference = "cuBLAS", seconds["cuBLAS"]
+    else:
+        ours, _ = inference_call(kernel, inputs)
+        library, theirs = next(iter(reference_calls(workload, target.threads, inputs).items()))
+        seconds = head_to_head({"tensortune": ours, library: theirs}, target.threads, rounds=3)
+        name, reference = reference_name(library, workload), seconds[library]
+    return workload.flops / seconds["tensortune"] / 1e9, name, workload.flops / reference / 1e9
 
 
 def progress_columns() -> tuple:
@@ -138,7 +148,7 @@ def tune(op: str = OP_ARGUMENT,
 
 def print_stored_best(database, workload, target) -> bool:
     """The stored best (what `best` and apply_history_best use) and, timed now against the reference (NumPy's in
-    float32), what it gives; False when no config of the workload was ever measured ok."""
+    float32, cuBLAS's on a GPU), what it gives; False when no config of the workload was ever measured ok."""
     info = stored_best(database, workload, target)
     if info is None:
         console.print(f"[red]no config of {workload.key} on {target} measured ok[/red]", highlight=False)
@@ -149,7 +159,8 @@ def print_stored_best(database, workload, target) -> bool:
     print(f"stored best for this machine (what `best` and apply_history_best use): config {config.index}, {job}")
     print(f"  {info['gflops']:.1f} GFLOPS as measured while tuning (each call finding its weights in memory, as a "
           "layer of a model does; the best of many noisy measurements)")
-    print(f"  {ours:.1f} GFLOPS timed now with warm caches, alternately with {reference}'s {theirs:.1f} GFLOPS "
+    caches = "its L2 flushed before each call" if target.kind == "cuda" else "warm caches"
+    print(f"  {ours:.1f} GFLOPS timed now with {caches}, alternately with {reference}'s {theirs:.1f} GFLOPS "
           f"({ours / theirs:.2f}x)")
     if ours < 0.9 * info["gflops"]:
         print("  (the gap: tuning timed the bare kernel, picking its luckiest run; now each call also pays "

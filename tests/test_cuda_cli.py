@@ -2,6 +2,7 @@
 measure, and which Ray agents a cuda candidate may go to."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -54,6 +55,18 @@ def test_tune_for_cuda_without_a_gpu_is_one_line(tmp_path):
                                "--db", str(tmp_path / "t.db")], capture_output=True, text=True, timeout=120)
         assert done.returncode == 1 and done.stdout == "", done.stderr
         assert done.stderr.startswith("error: no CUDA GPU on this host") and done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(NO_GPU), reason=f"needs a CUDA GPU: {NO_GPU}")
+def test_tune_for_cuda_times_its_best_beside_cublas_on_the_gpu(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "service", "tune", "matmul", "M=512", "N=512", "K=512", "--target",
+                           "cuda", "--trials", "8", "--db", str(tmp_path / "t.db")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    timed = next(line for line in done.stdout.splitlines() if "timed now" in line)
+    ours, theirs = (float(figure) for figure in re.findall(r"([\d.]+) GFLOPS", timed))
+    assert "alternately with cuBLAS's" in timed and ours > 0.05 * theirs, timed  # not NumPy's, not copies timed
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this host has a GPU")

@@ -14,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from search_space import Workload
+
 from .cuda_kernel import CudaKernel
 from .task import MeasureOptions
 
@@ -57,6 +59,29 @@ def event_samples(fn: Callable[[], object], options: MeasureOptions) -> list[flo
         if options.cooldown_ms:
             time.sleep(options.cooldown_ms / 1e3)
     return samples
+
+
+def cublas_call(workload: Workload, inputs) -> Callable[[], object]:
+    """The reference on the GPU: the core product by CuPy (cuBLAS SGEMM, batched for batch_matmul), into a
+    preallocated output."""
+    import cupy
+
+    a, b = (cupy.asarray(x) for x in inputs[:2])
+    if workload.op == "dense":
+        b = b.T
+    out = cupy.empty(workload.output_shape, np.float32)
+    return lambda: cupy.matmul(a, b, out=out)
+
+
+def cuda_head_to_head(calls: dict[str, Callable[[], object]], rounds: int, min_repeat_ms: float) -> dict[str, float]:
+    """Median seconds per call of each contender, timed by events in alternating rounds: a passing clock change
+    hits all alike."""
+    options = MeasureOptions(repeat=1, min_repeat_ms=min_repeat_ms)
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            samples[name] += event_samples(call, options)
+    return {name: float(np.median(s)) for name, s in samples.items()}
 
 
 def _timed(fn: Callable[[], object], flush, calls: int) -> list[float]:
