@@ -16,6 +16,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
 from rich import box
@@ -82,11 +83,13 @@ FIGURES = ("GFLOPS", "NumPy", "PyTorch", "ratio", "of peak", "config")  # the ta
 UNBOUNDED = 10_000  # a console width no table here reaches
 
 
-def search(workload: Workload, target: Target, trials: int, seed: int, min_repeat_ms: float) -> tuple[Measured, int]:
-    """Fallback and seeds, a random third of the budget, then greedy one-knob descent from the fastest few (from the
-    fastest alone, one timing that came out lucky steers the whole descent); the fastest few are then timed
-    again in alternating rounds, since one timing on a shared 2-core VM can be off by a third (the same stem
-    convolution measured 108 and 154 GFLOPS). The final figures come from `head_to_head`."""
+def search(workload: Workload, target: Target, trials: int, seed: int, min_repeat_ms: float,
+           transplanted: Sequence[Config] = ()) -> tuple[Measured, int]:
+    """Fallback, seeds and the `transplanted` configs (the shape's best at fewer threads), a random third of the
+    budget, then greedy one-knob descent from the fastest few (from the fastest alone, one timing that came out
+    lucky steers the whole descent); the fastest few are then timed again in alternating rounds, since one timing
+    on a shared 2-core VM can be off by a third (the same stem convolution measured 108 and 154 GFLOPS). The final
+    figures come from `head_to_head`."""
     space, rng = get_space(workload, target), random.Random(seed)
     inputs = workload.random_inputs()
     expected = workload.reference(*inputs)
@@ -103,7 +106,8 @@ def search(workload: Workload, target: Target, trials: int, seed: int, min_repea
     def fastest(n: int) -> list[Measured]:
         return sorted(measured, key=lambda m: m.seconds)[:n]
 
-    first = {config.index: config for config in [fallback_config(workload, target), *seed_configs(workload, target)]}
+    first = {config.index: config
+             for config in [fallback_config(workload, target), *seed_configs(workload, target), *transplanted]}
     for config in list(first.values())[:trials]:  # on AVX2 the fallback can be a seed
         trial(config)
     for config in space.sample(max(0, trials // 3 - len(seen)), rng, exclude=seen):
@@ -135,13 +139,13 @@ def blas_description() -> str:
 
 
 def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quick: bool,
-                peaks: dict[str, float] | None = None) -> dict:
+                peaks: dict[str, float] | None = None, transplanted: Sequence[Config] = ()) -> dict:
     """Search one shape, then time the best config head to head with the references and with the peak kernel of
     its instruction family (where `peaks` has one): a shared host's neighbours slow a timing by up to a half, in
     phases of seconds (an Intel AMX host: its tile-product peak 1018 GFLOPS in one minute, 2232 in another), so
     its fraction of the peak is of a peak measured in the same rounds."""
     start = time.perf_counter()
-    best, tried = search(workload, target, trials, seed, MIN_REPEAT_MS[quick])
+    best, tried = search(workload, target, trials, seed, MIN_REPEAT_MS[quick], transplanted)
     inputs = workload.random_inputs()
     ours, _ = inference_call(best.kernel, inputs)
     family = best.config.to_dict().get("isa", "fma")
@@ -177,14 +181,21 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
         shapes = [w for w in shapes if w in (every[1], every[2], every[5])] or shapes
     console = Console(stderr=json_lines)
     console.print(f"BLAS: {blas_description()}")
-    rows = []
+    from db.matching import fitted_ways  # here: the GPU benchmark, which imports `search`, runs without SQLAlchemy
+
+    rows, one_thread = [], replace(host, threads=1)
     for threads in thread_counts:
         target = replace(host, threads=threads)
         peaks, launch = family_peaks(target, dtype), launch_microseconds(target)
         rates = ", ".join(f"{family} {peak:.1f}" for family, peak in peaks.items())
         console.print(f"{threads} thread(s): peak rate (GFLOPS) {rates}; a kernel launch from Python costs {launch:.1f} µs")
         for workload in shapes:
-            row = bench_shape(workload, target, trials, seed, quick, peaks) | {"launch_us": round(launch, 2)}
+            alone = [get_space(workload, one_thread).get(r["config"]["index"]) for r in rows
+                     if r["workload"] == workload.key and r["threads"] == 1]
+            transplanted = [fitted for config in alone  # as a tuner starts from a 1-thread record
+                            for fitted in fitted_ways(get_space(workload, target), config, one_thread, target)]
+            row = bench_shape(workload, target, trials, seed, quick, peaks, transplanted)
+            row["launch_us"] = round(launch, 2)
             rows.append(row)
             if json_lines:
                 print(json.dumps(row), flush=True)

@@ -127,6 +127,21 @@ def test_a_new_shape_first_measures_the_best_config_of_the_others(tmp_path, pool
     assert len({i.config.index for i, _ in result.measured}) == 4  # and then the tuner's own proposals
 
 
+def test_a_one_thread_best_is_tried_on_more_threads_in_each_parallel_way(tmp_path):
+    """On a target that knows nothing of the op, the 1-thread target's best comes first in each way the 2-thread
+    space parallelises it: kept serial, as it was stored, it would leave a core idle."""
+    from tuner.tune import transplanted_configs
+
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    workload, two = matmul(64, 48, 32), Target.parse("llvm -threads=2")
+    best = get_space(workload, TARGET).get(5)
+    database.record(*measurement(workload, TARGET, best.index, 1e-6))
+    tried = transplanted_configs(database, workload, two, get_space(workload, two))
+    assert sorted(config["parallel"] for config in tried) == ["m", "n"]
+    assert all({k: v for k, v in config.values if k != "parallel"} == {k: v for k, v in best.values if k != "parallel"}
+               for config in tried)
+
+
 def test_a_config_of_another_shape_is_fitted_to_the_nearest_valid_one():
     """M=16's 16-row tile does not fit M=8: the nearest tile that does, 8 rows, every other knob kept."""
     from db.matching import fit_config

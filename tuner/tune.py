@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from db import Database
-from db.matching import fit_config, most_similar
+from db.matching import fitted_ways, most_similar
 from db.job_locks import Claim
 from db.outage import unavailable, wait_until_reachable
 from db.queries import applies, stored_targets
@@ -116,13 +116,14 @@ PROVEN = 16  # measurements of a shape (four batches) after which a job borrows 
 def fitted_bests(database: Database, space: ConfigSpace, target: Target, shapes: Iterable[tuple[Workload, Target]],
                  limit: int | None = None) -> list[Config]:
     """The best stored config of each (shape, stored target) that fits into `space` on `target`, fitted (a config of
-    another target with its vectors scaled to this one's), each once, in order; the first `limit` of them."""
+    another target with its vectors scaled to this one's, a 1-thread one in each parallel way), each once, in order;
+    the first `limit` of them."""
     found: dict[int, Config] = {}
     for shape, stored in shapes:
         splits = getattr(template(shape, target), "VECTOR_SPLITS", ())
         vectors = None if str(stored) == str(target) else (stored, target, splits)
         for best in database.best(shape, stored):
-            if (fitted := fit_config(space, best.input.config, vectors)) is not None:
+            for fitted in fitted_ways(space, best.input.config, stored, target, vectors):
                 found.setdefault(fitted.index, fitted)
         if limit is not None and len(found) >= limit:
             break
