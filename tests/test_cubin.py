@@ -1,5 +1,5 @@
 """A cubin's declared usage (registers, static shared memory per kernel) read from its ELF agrees with ptxas' own
-report, on every architecture this NVRTC compiles for, for the kernels of every GPU template."""
+report, on every architecture this NVRTC compiles for, for the GPU template's kernels (split-k's second one too)."""
 from __future__ import annotations
 
 import re

@@ -25,7 +25,6 @@ class KernelUsage:
 
 @dataclass(frozen=True)
 class Section:
-    name: str
     offset: int
     size: int
 
@@ -36,7 +35,7 @@ def _sections(image: bytes) -> dict[str, Section]:
     entry_size, count, names_index = struct.unpack_from("<HHH", image, 0x3A)
     headers = [struct.unpack_from("<IIQQQQ", image, header_offset + i * entry_size) for i in range(count)]
     names = headers[names_index][4]
-    return {(name := _string(image, names + h[0])): Section(name, h[4], h[5]) for h in headers}
+    return {_string(image, names + h[0]): Section(h[4], h[5]) for h in headers}
 
 
 def _string(image: bytes, at: int) -> str:
