@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator, 
 from sqlalchemy.orm import Session
 
 from search_space import Config, ConfigSpace, FallbackWarned, NoTemplate, Target, Workload
-from search_space import dispatch_context, get_space
+from search_space import dispatch_context, fallback_config, get_space
 
 from .autotvm_log import import_log
 from .engine import is_url
-from .matching import fit_config, most_similar, nearest_shapes
+from .matching import fit_config, most_similar, nearest_shapes, parallel_ways
 from .queries import best_records, stored_targets, stored_workloads
 from .records import Record, in_space
 from .store import Database
@@ -53,6 +53,14 @@ def similar_target_message(workload: Workload, target: Target, used: Target) -> 
 
 def _first_fitting(space: ConfigSpace, records: list[Record]) -> Config | None:
     return next(filter(None, (in_space(space, record.input.config) for record in records)), None)
+
+
+def _spread(space: ConfigSpace, config: Config, workload: Workload, there: Target, here: Target) -> Config:
+    """A config measured on one thread `there`, run on the more threads `here` the way the template's fallback
+    parallelises the workload: kept serial, it would leave every core but one idle."""
+    if parallel_ways(space, there, here) == [None]:
+        return config
+    return fit_config(space, config, parallel=fallback_config(workload, here)["parallel"]) or config
 
 
 @dataclass(frozen=True)
@@ -123,7 +131,7 @@ class HistoryBest(FallbackWarned):
                 found = _first_fitting(space, best_records(session, workload, other, CANDIDATES))
                 if found is not None:
                     warnings.warn(similar_target_message(workload, target, other), stacklevel=5)
-                    return StoredConfig(found, workload, other)
+                    return StoredConfig(_spread(space, found, workload, other, target), workload, other)
         return None
 
     def query_nearest(self, workload: Workload, target: Target) -> StoredConfig | None:

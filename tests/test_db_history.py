@@ -89,6 +89,19 @@ def test_most_similar_target_with_a_warning(database, caught):
     assert messages(caught) == [similar_target_message(WORKLOAD, wanted, same_cpu)]
 
 
+def test_a_one_thread_config_runs_on_more_threads_the_way_the_fallback_parallelises(database, caught):
+    one, two = other_threads(1), other_threads(2)
+    serial = get_space(WORKLOAD, one).get(index_with(WORKLOAD, one, 0, vec=8))
+    database.record(*measurement(WORKLOAD, one, serial.index, 1e-6))
+    with apply_history_best(database):
+        kernel = build(WORKLOAD, two)
+    assert kernel.config["parallel"] == fallback_config(WORKLOAD, two)["parallel"] != "none"
+    others = lambda config: [knob for knob in config.values if knob[0] != "parallel"]
+    assert others(kernel.config) == others(serial)
+    check_output(kernel)
+    assert messages(caught) == [similar_target_message(WORKLOAD, two, one)]
+
+
 def test_contexts_nest_inner_first(database, db_url, tmp_path, caught):
     target, second = host_target(), matmul(16, 16, 16)
     database.record(*measurement(WORKLOAD, target, 111, 1e-5))
