@@ -77,8 +77,8 @@ def fitted_ways(space: ConfigSpace, config: Config, there: Target, here: Target,
 def parallel_ways(space: ConfigSpace, there: Target, here: Target) -> list[str | None]:
     """How a CPU config measured on one thread `there` is tried on the more threads `here`: each way the space
     parallelises it, since kept serial it would leave every core but one idle (the 1-thread best of a 1024³ matmul
-    on a 2-core Zen 4: 100.6 GFLOPS on one thread; parallel over m, 173-195 at two, NumPy's 178-185 in the same
-    rounds); [None], as it is, otherwise."""
+    on a 2-core Zen 4: 100.6 GFLOPS on one thread; parallel over m, a median 183 at two over four interleaved
+    rounds, NumPy's 180); [None], as it is, otherwise."""
     if there.kind != "llvm" or there.threads > 1 or here.threads == 1 or "parallel" not in space.knobs:
         return [None]
     return [way for way in space.knobs["parallel"].candidates if way != "none"]
