@@ -174,6 +174,7 @@ class Loop:
     extent: int
     kind: str
     body: tuple[Stmt, ...]
+    ahead: int = 0  # a tile nest's k loop: how many of its k steps ahead the packed B is prefetched (0: not at all)
 
     def __post_init__(self):
         assert self.kind in LOOP_KINDS and self.extent >= 1, (self.kind, self.extent)

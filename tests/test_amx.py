@@ -80,7 +80,7 @@ def test_amx_configs_compile_to_tile_products_on_any_host(family):
             assert instruction in generated_assembly(lower(workload, SAPPHIRE, config), SAPPHIRE)
     vector = get_space(dense(64, 768, 768, dtype=dtype), SAPPHIRE).config(
         fallback_config(dense(64, 768, 768, dtype=dtype), SAPPHIRE).to_dict() | {"isa": below, "tile_m": [-1, 8, 8],
-                                                                                  "tile_n": [-1, 8, 32]})
+                                                                                  "tile_n": [-1, 8, 32], "prefetch": 0})
     assert instruction not in generated_assembly(lower(dense(64, 768, 768, dtype=dtype), SAPPHIRE, vector), SAPPHIRE)
 
 
@@ -103,6 +103,19 @@ def test_c_tiles_start_as_zero_tiles_where_the_block_was_just_zeroed(family):
     zeroing = lambda rows: Loop("r", rows, "unrolled", (Loop("c", 16, "vectorized", (acc.store((r, c), Const(0.0)),)),))
     assert _zeroing_before_tiles(zeroing(16), nest) == "acc"
     assert _zeroing_before_tiles(zeroing(15), nest) is None and _zeroing_before_tiles(zeroing(16), zeroing(16)) is None
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tile_products_prefetch_the_packed_b_as_the_prefetch_knob_says(family):
+    """An AMX config's `prefetch` k steps ahead: each step of its passes prefetches a B tile's rows into L2
+    (`prefetcht1`), one per row; 0 prefetches nothing, nor does a vector family, whose configs all have 0."""
+    workload = dense(64, 768, 768, dtype=FAMILIES[family][0])
+    space = get_space(workload, SAPPHIRE)
+    assert space.knobs["prefetch"].candidates == (0, 4, 16) and fallback_config(workload, SAPPHIRE)["prefetch"] == 16
+    assembly = lambda ahead: generated_assembly(lower(workload, SAPPHIRE, space.config(
+        fallback_config(workload, SAPPHIRE).to_dict() | {"prefetch": ahead})), SAPPHIRE)
+    assert assembly(16).count("prefetcht1") >= 16 and "prefetcht1" not in assembly(0)
+    assert {config["prefetch"] for config in configs_using(workload, SAPPHIRE, FAMILIES[family][2], count=6)} == {0}
+
 
 def test_a_tile_product_without_amx_is_refused_by_the_code_generator():
     workload = dense(64, 768, 768, dtype="bfloat16")

@@ -80,6 +80,19 @@ def test_a_dtype_whose_configs_changed_alone_is_versioned_apart():
     assert (template_version(gemm, CPU), template_version(gemm.in_dtype("int8"), CPU)) == (1, 2)
 
 
+def test_a_target_whose_configs_changed_alone_is_versioned_apart():
+    """GEMM spaces offering AMX gained the `prefetch` knob, so their configs' indices mean other knobs: records of
+    AMX targets are of the next version, those of the same CPU narrowed off AMX (and of float32) as they were."""
+    vector = "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512bf16,+avx512vnni"
+    amx = Target.parse(f"llvm -mcpu=sapphirerapids -mattr={vector},+amx-tile,+amx-bf16,+amx-int8 -threads=4")
+    narrowed = Target.parse(f"llvm -mcpu=sapphirerapids -mattr={vector} -threads=4")
+    gemm = GEMMS[1]
+    assert [template_version(gemm.in_dtype(dtype), amx) for dtype in ("float32", "bfloat16", "int8")] == [1, 2, 3]
+    assert [template_version(gemm.in_dtype(dtype), narrowed) for dtype in ("float32", "bfloat16", "int8")] == [1, 1, 2]
+    assert "prefetch" in get_space(gemm.in_dtype("bfloat16"), amx).knobs
+    assert "prefetch" not in get_space(gemm.in_dtype("bfloat16"), narrowed).knobs
+
+
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_generated_code_matches_the_hash_of_the_templates_version(name):
     target, (workload, *_) = WORKLOADS[name]

@@ -16,7 +16,7 @@ from itertools import groupby
 
 from llvmlite import ir
 
-I8, I16, I64, PTR = ir.IntType(8), ir.IntType(16), ir.IntType(64), ir.PointerType()
+I8, I16, I32, I64, PTR = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.PointerType()
 TILE, STEP, GROUP = 16, 16, 4  # rows and 32-bit columns of a tile; groups of k a step takes; bytes of a group
 REGISTERS = 8  # tile registers
 # the family's feature and its tile product
@@ -63,17 +63,18 @@ def _uniform(extent: int, size: int) -> list[tuple[int, int, int]]:
 
 
 def tile_product(b: ir.IRBuilder, declare, product: str, c: Operand, a: Operand, bp: Operand,
-                 rows: int, columns: int, groups: int, from_zero: bool = False) -> None:
+                 rows: int, columns: int, groups: int, from_zero: bool = False, ahead: int = 0) -> None:
     """C[rows × columns] += A[rows × groups] · Bp[groups × columns], one pass per shape of tiles and of k step;
     `declare(name, ret, args)` declares an intrinsic in the module. `from_zero`: C = A · Bp, whatever C holds (the
-    first pass of each block of C's tiles starts from zero tiles, the passes of later k steps from the first's)."""
+    first pass of each block of C's tiles starts from zero tiles, the passes of later k steps from the first's).
+    `ahead`: each k step prefetches the packed B's rows that many steps on (`_pass`)."""
     at = lambda operand, offset: b.gep(operand.base, [ir.Constant(I64, offset)], source_etype=I8)
     for r0, height, row_tiles in _uniform(rows, TILE):
         for c0, width, column_tiles in _uniform(columns, TILE):
             for k0, depth, steps in _uniform(groups, STEP):
                 shape = (height, row_tiles, width, column_tiles, depth, steps)
                 strides = (c.stride, a.stride, bp.stride)
-                function = _pass(b.module, declare, product, shape, strides, from_zero and k0 == 0)
+                function = _pass(b.module, declare, product, shape, strides, from_zero and k0 == 0, ahead)
                 b.call(function, [at(c, r0 * c.stride + 4 * c0), at(a, r0 * a.stride + GROUP * k0),
                                   at(bp, GROUP * c0 + k0 * bp.stride)])
 
@@ -87,14 +88,19 @@ def register_groups(row_tiles: int, column_tiles: int) -> list[tuple[range, rang
             for i in range(0, row_tiles, rows) for j in range(0, column_tiles, columns)]
 
 
-def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple, from_zero: bool) -> ir.Function:
+def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple, from_zero: bool,
+          ahead: int = 0) -> ir.Function:
     """`void (ptr C, ptr A, ptr Bp)`: C's row_tiles × column_tiles tiles += `steps` k steps of `depth` groups (C's
     tiles from zero tiles, not from C, where `from_zero`); one function per shape, strides and start in a module.
     It runs C's tiles a register group at a time (loaded, carried through the k steps, stored), all under the one
     tile configuration LLVM writes at its entry: writing one costs about as much as twelve tile products (78 ns on
     an Intel AMX host). Within a step the group's smaller side's tiles are all loaded, the other side's one at a
-    time."""
-    name = f"tiles.{product}.{'.'.join(map(str, shape + strides))}" + (".zero" if from_zero else "")
+    time. Where `ahead` and there are several steps, each step first prefetches into L2 the rows of its B tiles
+    `ahead` steps on (past the block's last step, the rows that follow: the next panel's): in a model bound weights
+    come from memory or L3, and a tile load waits for all sixteen of its rows."""
+    ahead = ahead if shape[-1] > 1 else 0
+    name = f"tiles.{product}.{'.'.join(map(str, shape + strides))}" + (".zero" if from_zero else "") + \
+        (f".ahead{ahead}" if ahead else "")
     if name in module.globals:
         return module.globals[name]
     height, row_tiles, width, column_tiles, depth, steps = shape
@@ -110,6 +116,7 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
     word, long = (lambda n: ir.Constant(I16, n)), (lambda n: ir.Constant(I64, n))
     load, store, dot = intrinsics(declare, product)
     zero = declare("llvm.x86.tilezero.internal", AMX, [I16, I16])
+    prefetch = declare("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])  # read, locality 2 (L2), data
     tile_at = lambda base, offset, rows, row_bytes, stride: b.call(load, [word(rows), word(row_bytes), b.gep(
         base, [offset], source_etype=I8), long(stride)])
     c_tile = lambda i, j: (c, long(i * TILE * c_stride + 4 * TILE * j))
@@ -121,6 +128,10 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
         b_tile = lambda j: tile_at(bp, b.add(long(GROUP * TILE * j), b.mul(k, long(b_stride))), depth, 4 * width,
                                    b_stride)
         product_ = lambda tile, a_, b_: b.call(dot, [word(height), word(4 * width), word(GROUP * depth), tile, a_, b_])
+        for j in columns if ahead else ():
+            for row in range(depth):  # one row of a B tile: 64 bytes, a cache line of the packed B
+                at = b.add(long(GROUP * TILE * j + (ahead * depth + row) * b_stride), b.mul(k, long(b_stride)))
+                b.call(prefetch, [b.gep(bp, [at], source_etype=I8), *(ir.Constant(I32, n) for n in (0, 2, 1))])
         out = dict(acc)
         if len(rows) <= len(columns):
             a_tiles = {i: a_tile(i) for i in rows}

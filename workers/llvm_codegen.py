@@ -313,7 +313,7 @@ class LLVMCodegen:
             return Operand(base, offset.coeff(row) * load.buffer.itemsize)
 
         tile_product(f.builder, self._extern, op.name, operand(store, c_offset, r), operand(terms[0], a_offset, r),
-                     operand(terms[1], b_offset, q), rows.extent, columns.extent, nest.extent, from_zero)
+                     operand(terms[1], b_offset, q), rows.extent, columns.extent, nest.extent, from_zero, nest.ahead)
         f.forget(store.buffer.name)
 
     def interleaved_copy(self, f: _Function, vector: _Vector, group: Loop, store: Store) -> None:

@@ -38,8 +38,12 @@ def template(workload: Workload, target: Target) -> ModuleType:
 
 def template_version(workload: Workload, target: Target | str = "llvm") -> int:
     """The version of the template a config of this workload is lowered by: records of another version are
-    configs of other code, never applied. A template may version a dtype's configs apart (DTYPE_VERSIONS)."""
-    found = template(workload, Target.parse(target))
+    configs of other code, never applied. A template may version a dtype's configs apart (DTYPE_VERSIONS), or
+    a target's (its own `version(workload, target)`)."""
+    target = Target.parse(target)
+    found = template(workload, target)
+    if hasattr(found, "version"):
+        return found.version(workload, target)
     return getattr(found, "DTYPE_VERSIONS", {}).get(workload.dtype, found.VERSION)
 
 
