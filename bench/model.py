@@ -96,7 +96,7 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
             seconds = head_to_head(calls, threads, rounds=rounds, min_repeat_ms=200)
             rows.append(timing_row(name, length, threads, target, seconds, compile_seconds,
                                    max_difference(outputs["tensortune"][length], outputs["eager"][length]))
-                        | ({"training": True} if training else {}))
+                        | {"rounds": rounds} | ({"training": True} if training else {}))
             if wide:
                 rows[-1] |= {"dtype": dtype, **{f"{way}_float32_error": max_difference(outputs[way][length], wide[length])
                                                 for way in ("eager", "tensortune")}}
@@ -163,16 +163,17 @@ def tensors(output) -> list:
 
 
 def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool, inductor: bool = True,
-        max_autotune: bool = False, profile: bool = False, dtype: str = "float32", training: bool = False) -> list[dict]:
+        max_autotune: bool = False, profile: bool = False, dtype: str = "float32", training: bool = False,
+        rounds: int = 5) -> list[dict]:
     """Time each of `models` (name → (model, inputs by sequence length), as frontend.presets.load_model_at gives
-    them): one row per model and length; with `profile`, each row also holds its tuned ops' times beside
-    PyTorch's (bench.profile) and each way's time outside them."""
+    them) in `rounds` alternating rounds: one row per model and length; with `profile`, each row also holds its
+    tuned ops' times beside PyTorch's (bench.profile) and each way's time outside them."""
     from .profile import print_profile
 
     rows = []
     for name, (model, inputs_at) in models.items():
-        for row in measure_at_lengths(name, model, inputs_at, db, target, inductor=inductor, max_autotune=max_autotune,
-                                      profile=profile, dtype=dtype, training=training):
+        for row in measure_at_lengths(name, model, inputs_at, db, target, rounds, inductor, max_autotune, profile,
+                                      dtype, training):
             rows.append(row)
             if json_lines:
                 print(json.dumps(row), flush=True)

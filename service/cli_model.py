@@ -152,7 +152,10 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
                 max_autotune: bool = typer.Option(True, "--max-autotune/--no-max-autotune",
                                                   help="also Inductor max-autotune with freezing (minutes to compile)"),
                 profile: bool = typer.Option(False, "--profile", help="each tuned op's time beside PyTorch's for it, "
-                                             "the largest loss first, and the time outside the tuned ops")):
+                                             "the largest loss first, and the time outside the tuned ops"),
+                rounds: int = typer.Option(5, "--rounds", min=1, help="alternating rounds each way is timed in, its "
+                                           "median over them the figure (more where neighbours slow a host in "
+                                           "phases)")):
     """Eager PyTorch, Inductor (default, and max-autotune with freezing) and tensortune on whole models, alternating
     in one run, with the max error; at each of --seq-lens, each way compiled once and called at every length. With
     --dtype bfloat16, every way runs the model cast to bfloat16, and the errors of eager's and tensortune's results
@@ -167,7 +170,7 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
 
     open_database(db).close()  # a bad --db, like a bad spec, is refused before anything is timed
     loaded = {spec: load(spec, lengths) for spec in models}
-    run(loaded, db, target, json_lines, inductor, max_autotune, profile, dtype, training)
+    run(loaded, db, target, json_lines, inductor, max_autotune, profile, dtype, training, rounds)
 
 
 def bench_scheduler(model: str = typer.Argument("bert-layer", help=MODEL_HELP),

@@ -154,10 +154,11 @@ def test_a_transformers_bert_returning_a_model_output_is_tuned_then_timed(tmp_pa
 def test_bench_model_times_models_returning_tuples_and_dicts(tmp_path):
     (tmp_path / "heads.py").write_text(STRUCTURED_FILE)
     timed = run("bench", "model", "heads.py:pair", "heads.py:named", "--json", "--no-inductor", "--target",
-                "llvm -threads=1", "--db", f"sqlite:///{tmp_path}/heads.db", cwd=tmp_path)
+                "llvm -threads=1", "--db", f"sqlite:///{tmp_path}/heads.db", "--rounds", "2", cwd=tmp_path)
     assert timed.returncode == 0, timed.stderr
     rows = [json.loads(line) for line in timed.stdout.strip().splitlines()[-2:]]
     assert [row["model"] for row in rows] == ["heads.py:pair", "heads.py:named"]
+    assert {row["rounds"] for row in rows} == {2}
     assert all(row["max_error"] < 1e-4 and row["tensortune_ms"] > 0 for row in rows)
 
 
@@ -186,7 +187,9 @@ def test_models_that_cannot_be_tuned_are_refused_in_one_line(tmp_path, monkeypat
     assert unknown.exit_code == 2 and "presets are bert-layer, bert-base, resnet18" in unknown.stderr
     missing = refused("bench", "model", "nowhere.py:make", cwd=tmp_path, monkeypatch=monkeypatch)
     assert missing.exit_code == 2 and "nowhere.py: cannot get a model from make()" in missing.stderr
-    for each in (nothing, unknown, missing):
+    no_rounds = refused("bench", "model", "models.py:tiny", "--rounds", "0", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert no_rounds.exit_code == 2 and "--rounds" in no_rounds.stderr
+    for each in (nothing, unknown, missing, no_rounds):
         assert each.exception is None or isinstance(each.exception, SystemExit), each.exception
 
 
