@@ -79,7 +79,7 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     batch, m, n, k = _dims(workload)
     vec_choices = tuple(v for v in (4, 8, 16) if v * 32 <= target.vector_bits)
     parallel = ("none",) if target.threads == 1 else ("none", "m", "n") + (("b",) if workload.op == "batch_matmul" else ())
-    amx = workload.dtype in FAMILIES and isas(target, workload.dtype)[-1] in AMX
+    amx = offers_amx(workload, target)
     knobs = [
         Knob("tile_m", "split", _splits(m, MR_CHOICES + (AMX_MR_CHOICES if amx else ()))),
         Knob("tile_n", "split", _splits(n, tuple(c for c in NR_CHOICES if c <= max(64, n)) if n >= 4 else (4,))),
@@ -129,7 +129,12 @@ def version(workload: Workload, target: Target) -> int:
     """The version of a workload's configs on a target: DTYPE_VERSIONS' (or VERSION), one more where the space
     offers AMX, whose configs gained the `prefetch` knob (and so new indices); other targets' records stay valid."""
     base = DTYPE_VERSIONS.get(workload.dtype, VERSION)
-    return base + 1 if workload.dtype in FAMILIES and isas(target, workload.dtype)[-1] in AMX else base
+    return base + 1 if offers_amx(workload, target) else base
+
+
+def offers_amx(workload: Workload, target: Target) -> bool:
+    """Whether the workload's space on the target has an AMX family: its dtype has one and the target AMX."""
+    return workload.dtype in FAMILIES and isas(target, workload.dtype)[-1] in AMX
 
 
 def isas(target: Target, dtype: str = "bfloat16") -> tuple[str, ...]:
