@@ -37,7 +37,7 @@ from workers.torch_arrays import dtype_name, numpy_array
 from .capture import Captured, example_value
 from .quantized import quantized_linear
 from .autograd import gradient_workloads
-from .shapes import Conv2d, Dense, Form, Product, Shape, Size
+from .shapes import Conv2d, Dense, Form, Product, Shape, Size, workload_at
 
 
 LINEAR = {F.linear, torch._C._nn.linear}
@@ -94,11 +94,12 @@ class Match:
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     view: fx.Node | None = None  # one of `nodes`, a reshape between the kernel and its fused epilogue
     grads: tuple[bool, ...] = ()  # the activations whose gradients tuned products compute (find_matches sets it)
+    strides: tuple | None = None  # the activations' strides as traced, where the form reads views
     workload: Workload | None = field(init=False)
 
     def __post_init__(self):
         static = all(isinstance(size, int) for shape in self.shapes for size in shape)
-        self.workload = self.form.workload(*self.shapes) if static else None
+        self.workload = workload_at(self.form, self.shapes, self.strides) if static else None
 
     @property
     def path(self) -> str:
@@ -362,7 +363,8 @@ def match_matmul(node: fx.Node, scan: Scan) -> Match | None:
         return None
     if not all(same_size(first, second) for first, second in zip((*left[:-2], left[-1]), (*right[:-2], right[-2]))):
         return None  # batch sizes (and K) that are not equal at every call: broadcast batches stay in PyTorch
-    return typed(Match(Product(dtype), [node], [a, b], (left, right)), captured)
+    strides = tuple(tuple(traced(x, captured).stride()) for x in (a, b))
+    return typed(Match(Product(dtype, views=True), [node], [a, b], (left, right), strides=strides), captured)
 
 
 def match_quantized_linear(node: fx.Node, scan: Scan) -> Match | None:

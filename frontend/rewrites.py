@@ -28,6 +28,10 @@ from .patterns import (ADDMM, LINEAR, QUANTIZED_LINEAR, Scan, argument, calls, c
 from .quantized import quantize_activation
 
 ATTENTION = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+VIEW_METHODS = {"view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "flatten", "unflatten", "expand",
+                "narrow", "select", "t", "__getitem__"}  # of a tensor whose result may be a view of it
+VIEW_FUNCTIONS = {torch.transpose, torch.permute, torch.reshape, torch.unsqueeze, torch.squeeze, torch.flatten,
+                  torch.narrow, torch.select, torch.t, operator.getitem}
 BADDBMM = {torch.baddbmm}
 
 
@@ -59,6 +63,20 @@ class Editor:
     def replace(self, old: fx.Node, new: fx.Node):
         old.replace_all_uses_with(new)
         self.graph.erase_node(old)
+
+    def refresh_views(self, node: fx.Node):
+        """Trace anew the views read from `node` (and from them) after it changed: a fused layer's part is a view
+        of the fused result where the layer's result was a tensor of its own, and the batch_matmul matcher reads
+        the strides of attention's heads split from it."""
+        for reader in node.users:
+            method = reader.op == "call_method" and reader.target in VIEW_METHODS
+            if not (method or reader.op == "call_function" and reader.target in VIEW_FUNCTIONS):
+                continue
+            args, kwargs = fx.node.map_arg((reader.args, reader.kwargs), lambda arg: arg.meta["example_value"])
+            with self.mode:
+                reader.meta["example_value"] = getattr(args[0], reader.target)(*args[1:], **kwargs) if method else \
+                    reader.target(*args, **kwargs)
+            self.refresh_views(reader)
 
 
 def value_of(node) -> torch.Tensor | None:
@@ -186,7 +204,7 @@ def fuse(members: list[tuple[fx.Node, np.ndarray, np.ndarray | None]], edit: Edi
     """The members' (node, weight, bias) as one `product(nodes, weight, bias)` of their weights and biases (zero where
     a member has none) concatenated, split back along N for their readers. The parts stay views of the fused result
     where every reader takes a view (HF's `.view(b, s, heads, d).transpose(1, 2)` does, and the batch_matmul kernel
-    copies its operands anyway), and are made contiguous where a reader could fail on one (a view merging the last
+    reads such views in place), and are made contiguous where a reader could fail on one (a view merging the last
     dimension)."""
     order = {node: index for index, node in enumerate(edit.graph.nodes)}
     members = sorted(members, key=lambda member: order[member[0]])
@@ -205,6 +223,7 @@ def fuse(members: list[tuple[fx.Node, np.ndarray, np.ndarray | None]], edit: Edi
                  edit.call(torch.Tensor.contiguous, (part,), node) for part, node, width in zip(parts, nodes, widths)]
     for node, part in zip(nodes, parts):
         edit.replace(node, part)
+        edit.refresh_views(part)
 
 
 def quantize_once(graph: fx.Graph) -> list[fx.Node]:

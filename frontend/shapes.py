@@ -27,7 +27,7 @@ from db import Database, HistoryBest, ServedBest
 from db.history import StoredConfig
 from db.served import is_served
 from search_space import Target, Workload, fallback_config
-from search_space.workload import conv2d_output, output_dtype
+from search_space.workload import canonical_strides, conv2d_output, output_dtype
 from tuner import predict  # noqa: F401  registers predicted configs: a shape with no tuned neighbour gets one
 from workers import build
 from workers.torch_arrays import FLOATING, torch_dtype
@@ -42,6 +42,7 @@ class _Result:
     """A form's result dtype: its op's output in its dtype (search_space.workload.output_dtype)."""
 
     op: ClassVar[str]
+    views = False  # whether its kernels read views of its activations in place, chosen by their strides too
 
     @property
     def result_dtype(self) -> str:
@@ -71,17 +72,30 @@ class Dense(_Result):
 
 @dataclass(frozen=True)
 class Product(_Result):
-    """a · b of two activations: matmul when 2-D, else batch_matmul over the leading (batch × heads) sizes."""
+    """a · b of two activations: matmul when 2-D, else batch_matmul over the leading (batch × heads) sizes. With
+    `views`, a batch_matmul reads an operand in place wherever its batch sizes flatten to one stride (attention's
+    q, kᵀ and v, views of one activation's heads: no copy of each a layer)."""
 
     op: ClassVar[str] = "matmul"  # batch_matmul's result dtype is matmul's
 
     dtype: str = "float32"
+    views: bool = False
 
-    def workload(self, a: tuple[int, ...], b: tuple[int, ...]) -> Workload:
+    def workload(self, a: tuple[int, ...], b: tuple[int, ...], strides: tuple = (None, None)) -> Workload:
+        """At these shapes, each operand read through its `strides` where they are given and `read_in_place`."""
         (m, k), n = a[-2:], b[-1]
         if len(a) == 2:
             return Workload.make("matmul", self.dtype, M=m, N=n, K=k)
-        return Workload.make("batch_matmul", self.dtype, B=math.prod(a[:-2]), M=m, N=n, K=k)
+        a_strides, b_strides = (batch_view(shape, stride) or "" for shape, stride in zip((a, b), strides))
+        return Workload.make("batch_matmul", self.dtype, B=math.prod(a[:-2]), M=m, N=n, K=k, a_strides=a_strides,
+                             b_strides=b_strides)
+
+    def read_in_place(self, shapes: tuple, strides: tuple) -> tuple[bool, ...]:
+        """Which operands `workload` reads where they lie: a batch_matmul's whose batch sizes flatten, a matmul's
+        that are contiguous."""
+        readable = lambda shape, stride: len(shape) > 2 or canonical_strides(shape, stride) == ""
+        return tuple(batch_view(shape, stride) is not None and readable(shape, stride)
+                     for shape, stride in zip(shapes, strides))
 
     def result_shape(self, a: Shape, b: Shape) -> Shape:
         return (*a[:-1], b[-1])
@@ -116,6 +130,23 @@ class Conv2d(_Result):
 
 
 Form = Union[Dense, Product, Conv2d]
+
+
+def workload_at(form: Form, shapes: tuple, strides: tuple | None = None) -> Workload:
+    """The form's workload at these activation shapes, and strides where it reads views."""
+    return form.workload(*shapes, strides=strides) if form.views else form.workload(*shapes)
+
+
+def batch_view(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> str | None:
+    """A batch_matmul operand's stride option for a tensor of `shape` and `strides`, its leading sizes flattened
+    into one batch: None where they do not flatten to one stride, a stride is negative or the strides are not
+    known (an activation that must be cast is copied)."""
+    if strides is None or min(strides) < 0:
+        return None
+    leading = [(size, stride) for size, stride in zip(shape[:-2], strides[:-2]) if size != 1]
+    if any(outer != inner * size for (_, outer), (size, inner) in zip(leading, leading[1:])):
+        return None
+    return ":".join(map(str, (leading[-1][1] if leading else 0, *strides[-2:])))
 
 
 def fallback_summary(untuned: list[Workload], total: int, target: Target) -> str:
@@ -206,6 +237,7 @@ class Run:
     result: tuple[int, ...]  # the kernel's result as the model shapes it (dense's leading sizes kept)
     kernel: object  # the bound kernel: keeps the call's memory alive, and says which config it runs
     name: str  # what a profiler calls its time: `tensortune ` and the workload's key
+    in_place: tuple[bool, ...] = ()  # for a form that reads views: which activations it reads where they lie
 
 
 class ShapeDispatch:
@@ -221,19 +253,21 @@ class ShapeDispatch:
         self.bound: dict[Workload, object] = {}
         self._lock = threading.Lock()
 
-    def run(self, shapes: tuple) -> Run:
-        """The run for these activation shapes (tuples or torch.Size, which hash alike)."""
-        found = self.runs.get(shapes)
-        return found if found is not None else self._first_sight(shapes)
+    def run(self, shapes: tuple, strides: tuple | None = None) -> Run:
+        """The run for these activation shapes (tuples or torch.Size, which hash alike) and, where the form reads
+        views, their strides (None for one that must be copied)."""
+        found = self.runs.get((shapes, strides))
+        return found if found is not None else self._first_sight(shapes, strides)
 
-    def _first_sight(self, shapes: tuple) -> Run:
+    def _first_sight(self, shapes: tuple, strides: tuple | None) -> Run:
         with self._lock:
-            workload = self.form.workload(*shapes)
+            workload = workload_at(self.form, shapes, strides)
             if workload not in self.bound:
                 kernel = self.kernels.get(workload)
                 self.bound[workload] = kernel.bind(**self.weights) if self.weights else kernel
             bound = self.bound[workload]
             result = tuple(self.form.result_shape(*shapes))
-            run = Run(bound.address_call(), result, bound, f"tensortune {workload.key}")
-            self.runs[tuple(shapes)] = run
+            in_place = self.form.read_in_place(shapes, strides) if self.form.views else ()
+            run = Run(bound.address_call(), result, bound, f"tensortune {workload.key}", in_place)
+            self.runs[(tuple(shapes), strides)] = run
             return run

@@ -100,10 +100,13 @@ def var(name: str) -> Affine:
 
 @node
 class Buffer:
+    """Memory a program reads or writes, row-major unless `strides` (in elements) says how an input view lies."""
+
     name: str
     shape: tuple[int, ...]
     scope: str
     dtype: str = "float32"
+    strides: tuple[int, ...] | None = None
 
     def __post_init__(self):
         assert self.scope in SCOPES, self.scope
@@ -124,7 +127,9 @@ class Buffer:
         return Store(self, _index(self, index), value)
 
     def flat(self, index: tuple[Affine, ...]) -> Affine:
-        """Row-major element offset of an index."""
+        """Element offset of an index: through the strides where given, else row-major."""
+        if self.strides is not None:
+            return sum((i * stride for i, stride in zip(index, self.strides)), Affine())
         offset, stride = Affine(), 1
         for i, extent in reversed(list(zip(index, self.shape))):
             offset, stride = offset + i * stride, stride * extent

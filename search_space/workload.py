@@ -12,7 +12,7 @@ from typing import Callable
 
 import ml_dtypes  # registers numpy's "bfloat16"
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 DTYPES = ("float32", "bfloat16", "int8")  # bfloat16: bf16 operands and output, summed in float32; int8: below
 # int8: uint8 activations × int8 weights summed in int32 (exact). matmul and batch_matmul return the int32 sums; dense
@@ -63,6 +63,7 @@ class OpSpec:
     minimums: dict[str, int] = field(default_factory=dict)  # parameters that may be below 1 (conv2d's pad)
     weights: tuple[str, ...] = ()  # inputs that are a model's parameters: fixed, packed once by `kernel.bind`
     check: Callable[[dict], str | None] = lambda p: None  # what is wrong across parameters, if anything
+    strided: dict[str, str] = field(default_factory=dict)  # operand → the option of its strides, if it may be a view
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -118,6 +119,42 @@ def _conv2d_reference(p: dict, data, weight, *extra):
     return np.ascontiguousarray(_epilogue(y, p["epilogue"]), dtype=data.dtype)
 
 
+def parse_strides(text: str) -> tuple[int, ...]:
+    """`"64:2304:1"` → (64, 2304, 1): an operand's element strides, as a key writes them."""
+    return tuple(int(part) for part in text.split(":"))
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+
+
+def canonical_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
+    """The option value for an operand of `shape` read through `strides`: "" where that is the contiguous layout
+    (a dimension of size 1 has no stride that matters), else the strides joined by colons."""
+    dense = contiguous_strides(shape)
+    strides = tuple(d if size == 1 else s for size, s, d in zip(shape, strides, dense))
+    return "" if strides == dense else ":".join(map(str, strides))
+
+
+def _strides_check(spec_operands: Callable[[dict], list], strided: dict[str, str]) -> Callable[[dict], str | None]:
+    """What is wrong with an op's stride options: each is as many non-negative integers as its operand has
+    dimensions, colon-separated, and spans no more than MAX_ELEMENTS."""
+    def check(p: dict) -> str | None:
+        shapes = dict(spec_operands(p))
+        for name, option in strided.items():
+            text = p[option]
+            if not text:
+                continue
+            if not re.fullmatch(r"\d+(:\d+)*", text) or len(parse_strides(text)) != len(shapes[name]):
+                example = ":".join(map(str, contiguous_strides(shapes[name])))
+                return (f"{option}={text!r} is not {len(shapes[name])} non-negative integers joined by ':' (the "
+                        f"element strides of {name} {shapes[name]}, e.g. {example})")
+            if 1 + sum((size - 1) * stride for size, stride in zip(shapes[name], parse_strides(text))) > MAX_ELEMENTS:
+                return f"{option}={text} spans more than {MAX_ELEMENTS} elements"
+        return None
+    return check
+
+
 def _conv2d_check(p: dict) -> str | None:
     padded = (p["H"] + 2 * p["pad"], p["W"] + 2 * p["pad"])
     if p["R"] > padded[0] or p["S"] > padded[1]:
@@ -125,6 +162,11 @@ def _conv2d_check(p: dict) -> str | None:
                 f"(H+2·pad × W+2·pad)")
     return None
 
+
+_batch_matmul_operands = lambda p: [("A", (p["B"], p["M"], p["K"])), ("B", (p["B"], p["K"], p["N"]))]
+# batch_matmul may read A and B through views (attention's heads split from one activation, kᵀ), their element
+# strides given as options: "" is the contiguous layout
+BATCH_MATMUL_VIEWS = {"A": "a_strides", "B": "b_strides"}
 
 OPS: dict[str, OpSpec] = {
     "matmul": OpSpec(
@@ -145,12 +187,14 @@ OPS: dict[str, OpSpec] = {
         weights=("W", "bias", "w_scale"),  # w_scale: int8's
     ),
     "batch_matmul": OpSpec(
-        "batch_matmul", ("B", "M", "N", "K"), {},
-        lambda p: [("A", (p["B"], p["M"], p["K"])), ("B", (p["B"], p["K"], p["N"]))],
+        "batch_matmul", ("B", "M", "N", "K"), {"a_strides": "", "b_strides": ""},
+        _batch_matmul_operands,
         lambda p: (p["B"], p["M"], p["N"]),
         lambda p: 2 * p["B"] * p["M"] * p["N"] * p["K"],
         lambda p, a, b: np.matmul(a, b),
         lambda p: p["K"],
+        check=_strides_check(_batch_matmul_operands, BATCH_MATMUL_VIEWS),
+        strided=BATCH_MATMUL_VIEWS,
     ),
     "conv2d": OpSpec(
         "conv2d", ("N", "C", "H", "W", "K", "R", "S", "stride", "pad"),
@@ -184,7 +228,7 @@ def _check_option(op: str, name: str, value, default):
         return value
     if name == "epilogue" and value not in EPILOGUES:
         raise WorkloadError(f"{op}: unknown epilogue {value!r}; known: {', '.join(EPILOGUES)}")
-    return value
+    return str(value) if isinstance(default, str) else value
 
 
 @dataclass(frozen=True)
@@ -216,6 +260,9 @@ class Workload:
         problem = spec.check(values)
         if problem:
             raise WorkloadError(f"{op}: {problem}")
+        shapes = dict(spec.operand_shapes(values))
+        values |= {option: canonical_strides(shapes[name], parse_strides(values[option]))
+                   for name, option in spec.strided.items() if values[option]}
         workload = cls(op, tuple(values.items()), dtype, spec)
         for name, shape in workload.operand_shapes() + [("output", workload.output_shape)]:
             if int(np.prod(shape)) > MAX_ELEMENTS:
@@ -271,6 +318,12 @@ class Workload:
         extras = INT8_EXTRAS(self.op, self.p) if self.dtype == "int8" and self.op in DEQUANTIZED else []
         return self.spec.operand_shapes(self.p) + extras
 
+    def operand_strides(self, name: str) -> tuple[int, ...] | None:
+        """The element strides the input called `name` is read through, where it is a view (its op's stride
+        option is set); None where it is contiguous."""
+        option = self.spec.strided.get(name)
+        return parse_strides(self.p[option]) if option and self.p[option] else None
+
     def operand_dtype(self, name: str) -> str:
         """The dtype of the input called `name` (or of "output"): the workload's, except in int8."""
         if name == "output":
@@ -304,7 +357,15 @@ class Workload:
                 return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
             return (rng.random(shape, dtype=np.float32) * 2 - 1).astype(dtype, copy=False)
 
-        return tuple(aligned(draw(name, shape)) for name, shape in self.operand_shapes())
+        def operand(name: str, shape: tuple[int, ...]) -> np.ndarray:
+            """Aligned, and a view of a storage of its own where the workload reads it through strides."""
+            strides = self.operand_strides(name)
+            if strides is None:
+                return aligned(draw(name, shape))
+            storage = aligned(draw(name, (1 + sum((size - 1) * s for size, s in zip(shape, strides)),)))
+            return as_strided(storage, shape, tuple(s * storage.itemsize for s in strides))
+
+        return tuple(operand(name, shape) for name, shape in self.operand_shapes())
 
     @property
     def tolerance(self) -> float:
@@ -385,9 +446,11 @@ def dense(M: int, N: int, K: int, bias: bool = False, epilogue: str = "none", dt
     return Workload.make("dense", dtype, M=M, N=N, K=K, bias=bias, epilogue=epilogue)
 
 
-def batch_matmul(B: int, M: int, N: int, K: int, dtype: str = "float32") -> Workload:
-    """C[b] = A[b] · B[b]: attention scores and context."""
-    return Workload.make("batch_matmul", dtype, B=B, M=M, N=N, K=K)
+def batch_matmul(B: int, M: int, N: int, K: int, dtype: str = "float32", a_strides: str = "",
+                 b_strides: str = "") -> Workload:
+    """C[b] = A[b] · B[b]: attention scores and context; A [B, M, K] and B [B, K, N] read through element strides
+    "batch:row:column" where they are views (q and kᵀ split from one activation's heads)."""
+    return Workload.make("batch_matmul", dtype, B=B, M=M, N=N, K=K, a_strides=a_strides, b_strides=b_strides)
 
 
 def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1, pad: int = 0, bias: bool = False,

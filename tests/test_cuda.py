@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from search_space import (InvalidConfig, Target, TargetError, Workload, batch_matmul, dense, fallback_config,
-                          get_space, lower, matmul)
+from search_space import (InvalidConfig, NoTemplate, Target, TargetError, Workload, batch_matmul, dense,
+                          fallback_config, get_space, lower, matmul)
 from search_space.gpu_device import NoGpu, host_gpu, limits
 from search_space.program import Barrier, Buffer, If, Loop, Program, Stage, launch, var, walk
 from search_space.templates.gemm_cuda import _resources
@@ -220,3 +220,11 @@ def test_a_cuda_candidate_is_measured_on_the_gpu():
                       MeasureOptions(repeat=3, min_repeat_ms=5))
     assert results[0].ok and len(results[0].samples) == 3 and results[0].gflops > 100, results[0].error
     assert results[1].outcome.value in ("ok", "invalid_config"), results[1].error
+
+
+def test_the_cuda_template_refuses_views_by_name():
+    """Only the CPU template reads batch_matmul operands through strides; the CUDA one says so, not computes
+    something else from a contiguous copy."""
+    with pytest.raises(NoTemplate, match=r"the batch_matmul template for cuda reads contiguous operands only, not "
+                                         r"views \(batch_matmul\(B=2,M=8,N=8,K=16,b_strides=16:1:32"):
+        get_space(batch_matmul(2, 8, 8, 16, b_strides="16:1:32"), SM_90)

@@ -36,7 +36,7 @@ class Mixed(nn.Module):
         s = self.shared(h)
         t = nn.functional.gelu(s, approximate="tanh") + s  # s is read twice: gelu is not fused
         y = self.tanh(t)  # (2, 5, 8)
-        scores = torch.matmul(y, y.transpose(-1, -2))  # batch_matmul(2, 5, 5, 8)
+        scores = torch.matmul(y, y.transpose(-1, -2))  # batch_matmul(2, 5, 5, 8), yᵀ read in place
         flat = torch.mm(scores[0], y[0])  # matmul(5, 8, 5)
         z = self.norm(self.conv(image))
         return flat.sum() + torch.relu(z + z.mean()).sum()  # the add's other side has another shape: no residual
@@ -90,7 +90,7 @@ def compiled_output(model, inputs, db, target="llvm"):
 def test_tasks_are_the_mapped_patterns_with_their_weights_and_modules():
     tasks = {t.workload: t for t in extract_tasks(*mixed())}
     assert set(tasks) == {dense(10, 40, 24, bias=True, epilogue="relu"), dense(10, 16, 40, bias=True),
-                          dense(10, 8, 16), batch_matmul(2, 5, 5, 8), matmul(5, 8, 5),
+                          dense(10, 8, 16), batch_matmul(2, 5, 5, 8, b_strides="40:1:8"), matmul(5, 8, 5),
                           conv2d(1, 3, 9, 11, 8, 3, 3, 2, 1, bias=True)}
     assert tasks[dense(10, 40, 24, bias=True, epilogue="relu")].paths == ("fused",)
     assert all(t.weight == 1 for t in tasks.values())
@@ -107,8 +107,10 @@ def test_bert_layer_tasks():
     weights = {t.workload.key: t.weight for t in tasks}
     assert weights == {dense(128, 2304, 768, bias=True).key: 1, dense(128, 768, 768, bias=True).key: 1,  # Q, K, V fused
                        dense(128, 3072, 768, bias=True, epilogue="gelu_erf").key: 1,
-                       dense(128, 768, 3072, bias=True).key: 1, batch_matmul(12, 128, 128, 64).key: 1,
-                       batch_matmul(12, 128, 64, 128).key: 1}
+                       dense(128, 768, 3072, bias=True).key: 1,
+                       # q, kᵀ and v read in place: heads of 64 in the fused QKV's rows of 2304
+                       batch_matmul(12, 128, 128, 64, a_strides="64:2304:1", b_strides="64:1:2304").key: 1,
+                       batch_matmul(12, 128, 64, 128, b_strides="64:2304:1").key: 1}
     assert [t.paths for t in tasks[:2]] == [("up",), ("down",)]  # the most weighted work first
     fused = next(t for t in tasks if t.workload == dense(128, 2304, 768, bias=True))
     assert fused.paths == ("EncoderLayer",)  # the parent of query, key and value: the model's own module
@@ -363,7 +365,8 @@ def test_the_bench_transformer_block_is_one_qkv_dense_two_attention_products_and
     assert {task.workload: task.weight for task in extract_tasks(model, inputs)} == {
         dense(32, 1536, 512, bias=True): 1, dense(32, 512, 512, bias=True): 1,
         dense(32, 2048, 512, bias=True, epilogue="gelu_erf"): 1, dense(32, 512, 2048, bias=True): 1,
-        batch_matmul(8, 32, 32, 64): 1, batch_matmul(8, 32, 64, 32): 1}
+        batch_matmul(8, 32, 32, 64, a_strides="64:1536:1", b_strides="64:1:1536"): 1,
+        batch_matmul(8, 32, 64, 32, b_strides="64:1536:1"): 1}
 
 
 def test_the_kernel_clock_times_each_tuned_call_by_its_workload_and_only_within_it(tmp_path):

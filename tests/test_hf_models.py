@@ -35,7 +35,9 @@ def test_gpt2_tasks_are_every_conv1d_and_the_lm_head():
     assert {workload: task.weight for workload, task in tasks.items()} == {
         dense(16, 96, 32, bias=True): 2, dense(16, 32, 32, bias=True): 2,
         dense(16, 128, 32, bias=True, epilogue="gelu"): 2, dense(16, 32, 128, bias=True): 2, dense(16, 100, 32): 1,
-        batch_matmul(2, 16, 16, 16): 4}  # q·kᵀ and softmax·v of each block's attention (16 positions, 16 per head)
+        # q·kᵀ and softmax·v of each block's attention (16 positions, 16 per head), q read in place from c_attn's
+        # result, kᵀ from the key cache
+        batch_matmul(2, 16, 16, 16, a_strides="16:96:1", b_strides="256:1:16"): 2, batch_matmul(2, 16, 16, 16): 2}
     assert tasks[dense(16, 128, 32, bias=True, epilogue="gelu")].paths == ("transformer.h.0.mlp.c_fc",
                                                                            "transformer.h.1.mlp.c_fc")
     assert tasks[dense(16, 100, 32)].paths == ("lm_head",)
@@ -119,6 +121,28 @@ def tiny_bert():
     config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                                      vocab_size=100, max_position_embeddings=64, attn_implementation="eager")
     return transformers.BertModel(config).eval()
+
+
+@pytest.mark.parametrize("graph", ["inductor", "eager"])
+def test_bert_reads_its_attention_heads_in_place(graph, tmp_path):
+    """In a batch of one sequence the heads of q, k and v, views of the fused QKV dense's result [1, L, 96], flatten
+    into one batch stride: both attention products read them where they lie (kᵀ too), at a static length and at a
+    second one that makes the length symbolic, in the graph Inductor compiles and in the eager one; the outputs
+    are eager's."""
+    from frontend.backend import kernel_clock
+
+    model, called = tiny_bert(), set()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/empty.db",
+                                                                   "graph": graph})
+    with torch.inference_mode(), kernel_clock() as seconds:
+        for length in (8, 12):
+            ids = torch.randint(0, 100, (1, length))
+            assert torch.allclose(compiled(ids).last_hidden_state, model(ids).last_hidden_state, atol=1e-5)
+            called |= {name.split()[1] for name in seconds if "batch_matmul" in name}
+    assert called == {key for length in (8, 12) for key in (
+        batch_matmul(2, length, length, 16, a_strides="16:96:1", b_strides="16:1:96").key,
+        batch_matmul(2, length, 16, length, b_strides="16:96:1").key)}
 
 
 def test_bert_runs_tuned_kernels_at_every_sequence_length_and_batch_size(tmp_path, caplog):

@@ -20,7 +20,19 @@ def workloads(draw):
         return matmul(m, n, k)
     if op == "dense":
         return dense(m, n, k, bias=draw(st.booleans()), epilogue=draw(st.sampled_from(["none", "relu", "gelu", "gelu_erf"])))
-    return batch_matmul(draw(st.integers(1, 4)), min(m, 96), min(n, 96), min(k, 96))
+    b, m, n, k = draw(st.integers(1, 4)), min(m, 96), min(n, 96), min(k, 96)
+    return batch_matmul(b, m, n, k, a_strides=draw(views(b, m, k, ("", "heads"))),
+                        b_strides=draw(views(b, k, n, ("", "heads", "transposed heads", "transposed"))))
+
+
+def views(batch: int, rows: int, columns: int, layouts: tuple[str, ...]):
+    """The strides of a [batch, rows, columns] operand as a model's views give it: contiguous; each batch a block
+    of columns of wider rows (attention's heads split from one activation, `pad` columns left over); those heads
+    transposed (kᵀ); each batch transposed."""
+    def strides(layout: str, pad: int) -> str:
+        return {"": "", "heads": f"{columns}:{batch * columns + pad}:1", "transposed": f"{rows * columns}:1:{rows}",
+                "transposed heads": f"{rows}:1:{batch * rows + pad}"}[layout]
+    return st.builds(strides, st.sampled_from(layouts), st.integers(0, 5))
 
 
 @st.composite
@@ -135,6 +147,31 @@ def test_bad_arguments_are_named(bad, message):
     assert message in str(error.value)
     with pytest.raises(KernelArgumentError, match="output C: expected shape"):
         kernel(*workload.random_inputs(), out=np.empty((3, 3), np.float32))
+
+
+def test_a_view_must_lie_as_the_workload_says():
+    workload = batch_matmul(2, 3, 4, 5, a_strides="5:10:1")
+    kernel = build(workload, "llvm", fallback_config(workload, "llvm"))
+    a, b = workload.random_inputs()
+    with pytest.raises(KernelArgumentError, match=r"batch_matmul input A: expected a view of element strides "
+                                                  r"\(5, 10, 1\), got \(15, 5, 1\)"):
+        kernel(np.ascontiguousarray(a), b)
+
+
+def test_a_transposed_b_is_packed_by_transposing_blocks_in_registers_and_always_packed():
+    """kᵀ read in place has its elements along k, as dense's W: its packing moves no element on its own, and no
+    config reads it unpacked (every vector a gather)."""
+    from search_space import lower
+    from workers.build import generated_assembly
+
+    target = Target.parse("llvm -mcpu=znver4 -mattr=+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512dq,+avx512vl -threads=1")
+    workload = batch_matmul(4, 32, 64, 48, a_strides="48:192:1", b_strides="48:1:192")
+    assert get_space(workload, target).knobs["pack_b"].candidates == (True,)
+    assembly = generated_assembly(lower(workload, target, fallback_config(workload, target)), target)
+    pack = assembly[assembly.index("pack_B:"):assembly.index(".Lfunc_end", assembly.index("pack_B:"))]
+    moves = [line.split() for line in pack.splitlines() if line.startswith("\tvmov")]
+    assert moves and not {"vmovss", "vextractps"} & {move[0] for move in moves}
+    assert "gather" not in pack
 
 
 VECTOR_REGISTERS = {512: "zmm", 256: "ymm", 128: "xmm"}

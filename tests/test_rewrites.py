@@ -40,12 +40,15 @@ def gpt2():
     return transformers.GPT2LMHeadModel(config), (torch.randint(0, 100, (1, 8)),)
 
 
-# model → (rows of the QKV dense, sequence length, batch × heads, each layer's attention module and QKV path)
+# model → (rows of the QKV dense, sequence length, batch × heads, each layer's attention module and QKV path, the
+# strides q·kᵀ reads q and kᵀ through: in a batch of 2 two heads do not flatten into one stride, and are copied;
+# GPT-2's one sequence reads q in place from the fused QKV dense's result, kᵀ from its key cache)
 MODELS = {
-    bert: (16, 8, 4, lambda layer: (f"encoder.layer.{layer}.attention.self",) * 2),
-    distilbert: (16, 8, 4, lambda layer: (f"transformer.layer.{layer}.attention",) * 2),
-    vit: (34, 17, 4, lambda layer: (f"layers.{layer}.attention",) * 2),
-    gpt2: (8, 8, 2, lambda layer: (f"transformer.h.{layer}.attn", f"transformer.h.{layer}.attn.c_attn")),
+    bert: (16, 8, 4, lambda layer: (f"encoder.layer.{layer}.attention.self",) * 2, ("", "")),
+    distilbert: (16, 8, 4, lambda layer: (f"transformer.layer.{layer}.attention",) * 2, ("", "")),
+    vit: (34, 17, 4, lambda layer: (f"layers.{layer}.attention",) * 2, ("", "")),
+    gpt2: (8, 8, 2, lambda layer: (f"transformer.h.{layer}.attn", f"transformer.h.{layer}.attn.c_attn"),
+           ("16:96:1", "128:1:16")),
 }
 
 
@@ -62,11 +65,11 @@ def compiled(model, tmp_path):
 
 @pytest.mark.parametrize("build", MODELS, ids=lambda build: build.__name__)
 def test_qkv_dense_and_both_attention_matmuls_of_every_layer_are_tasks(build):
-    rows, length, heads, paths = MODELS[build]
+    rows, length, heads, paths, (q, k) = MODELS[build]
     tasks = {task.workload: task for task in extract_tasks(*tiny(build))}
     attention, qkv = zip(*(paths(layer) for layer in range(2)))
     assert tasks[dense(rows, 96, 32, bias=True)].paths == qkv
-    assert tasks[batch_matmul(heads, length, length, 16)].paths == attention  # q · kᵀ
+    assert tasks[batch_matmul(heads, length, length, 16, a_strides=q, b_strides=k)].paths == attention  # q · kᵀ
     assert tasks[batch_matmul(heads, length, 16, length)].paths == attention  # softmax · v
 
 
@@ -126,7 +129,8 @@ def test_attention_is_two_batch_matmuls_and_computes_sdpa(options, mask, tmp_pat
     inputs = (torch.randn(2, 3, 5, 16), torch.randn(2, 3, 7, 16), torch.randn(2, 3, 7, 8))
     inputs += (mask,) if mask is not None else ()
     model = Attention(**options)
-    products = {batch_matmul(6, 5, 7, 16), batch_matmul(6, 5, 8, 7)}  # q · kᵀ, softmax · v
+    # q · kᵀ (kᵀ read in place), softmax · v
+    products = {batch_matmul(6, 5, 7, 16, b_strides="112:1:16"), batch_matmul(6, 5, 8, 7)}
     assert {task.workload for task in extract_tasks(model, inputs)} == products
     with torch.inference_mode():
         expected, got = F.scaled_dot_product_attention(*inputs, **options), compiled(model, tmp_path)(*inputs)

@@ -42,7 +42,8 @@ def test_a_training_step_adds_the_products_of_the_gradients_to_the_tasks():
     model, x = Block(), torch.randn(2, 6, 16)
     assert {task.workload: task.weight for task in extract_tasks(model, (x,), training=True)} == {
         dense(12, 32, 16, bias=True): 1, matmul(32, 16, 12): 1,  # up: forward, dW
-        batch_matmul(2, 6, 6, 32): 2, batch_matmul(2, 6, 32, 6): 3, batch_matmul(2, 32, 6, 6): 1,  # the products
+        batch_matmul(2, 6, 6, 32, b_strides="192:1:32"): 1, batch_matmul(2, 6, 6, 32): 1,  # h·hᵀ (hᵀ read in place)
+        batch_matmul(2, 6, 32, 6): 3, batch_matmul(2, 32, 6, 6): 1,  # and the products of the gradients
         dense(12, 8, 32): 1, matmul(12, 32, 8): 1, matmul(8, 32, 12): 1}  # down: forward, dX, dW
     assert dense(12, 32, 16, bias=True, epilogue="gelu_erf") in {task.workload for task in extract_tasks(model, (x,))}
 

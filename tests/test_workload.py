@@ -12,7 +12,9 @@ def test_keys_follow_the_design_card():
     assert batch_matmul(12, 128, 128, 64).key == "batch_matmul(B=12,M=128,N=128,K=64,dtype=float32)"
 
 
-@pytest.mark.parametrize("workload", [matmul(3, 5, 7), dense(4, 6, 8, bias=True, epilogue="relu"), batch_matmul(2, 3, 4, 5)])
+@pytest.mark.parametrize("workload", [
+    matmul(3, 5, 7), dense(4, 6, 8, bias=True, epilogue="relu"), batch_matmul(2, 3, 4, 5),
+    batch_matmul(12, 128, 128, 64, a_strides="64:2304:1", b_strides="64:1:2304")])
 def test_key_round_trips(workload):
     assert Workload.from_key(workload.key) == workload
     assert Workload.from_key(workload.key).key == workload.key
@@ -30,6 +32,11 @@ def test_key_round_trips(workload):
     (lambda: dense(4, 4, 4, epilogue="tanh"), "unknown epilogue 'tanh'"),
     (lambda: matmul(65536, 65536, 1), "more than"),
     (lambda: Workload.from_key("matmul[M=1]"), "not a workload key"),
+    (lambda: batch_matmul(2, 3, 4, 5, a_strides="5:1"), "a_strides='5:1' is not 3 non-negative integers joined by ':' "
+                                                        "(the element strides of A (2, 3, 5), e.g. 15:5:1)"),
+    (lambda: batch_matmul(2, 3, 4, 5, b_strides="-1:4:1"), "b_strides='-1:4:1' is not 3 non-negative integers"),
+    (lambda: batch_matmul(2, 3, 4, 5, b_strides="9:x:1"), "b_strides='9:x:1' is not 3"),
+    (lambda: batch_matmul(2, 3, 4, 5, a_strides=f"{1 << 28}:5:1"), "a_strides=268435456:5:1 spans more than"),
 ])
 def test_bad_workloads_say_what_is_wrong(make, message):
     with pytest.raises(WorkloadError, match=None) as error:
@@ -46,6 +53,22 @@ def test_random_inputs_start_on_cache_lines(dtype):
     drawn = [workload.random_inputs(seed) for seed in range(8)]
     assert [a.ctypes.data % 64 for arrays in drawn for a in arrays] == [0] * sum(map(len, drawn))
     assert all(np.array_equal(a, b) for a, b in zip(drawn[3], workload.random_inputs(3)))  # the same values as before
+
+def test_batch_matmul_reads_views_through_the_strides_its_key_gives():
+    """Attention's q, kᵀ and v are views of one activation's heads: the key says how each lies, the inputs drawn
+    for it are such views (of a storage of their own, on a cache line), and strides that are the contiguous layout,
+    a size of 1's stride aside, are no option at all."""
+    workload = batch_matmul(12, 128, 128, 64, a_strides="64:2304:1", b_strides="64:1:2304")
+    assert workload.key == "batch_matmul(B=12,M=128,N=128,K=64,a_strides=64:2304:1,b_strides=64:1:2304,dtype=float32)"
+    assert (workload.operand_strides("A"), workload.operand_strides("B")) == ((64, 2304, 1), (64, 1, 2304))
+    a, b = workload.random_inputs()
+    assert (a.strides, b.strides) == ((256, 9216, 4), (256, 4, 9216))
+    assert a.ctypes.data % 64 == 0 and b.ctypes.data % 64 == 0
+    np.testing.assert_allclose(workload.reference(a, b), np.ascontiguousarray(a) @ np.ascontiguousarray(b), rtol=1e-6)
+    assert batch_matmul(2, 3, 4, 5, a_strides="15:5:1", b_strides="20:4:1") == batch_matmul(2, 3, 4, 5)
+    assert batch_matmul(1, 3, 4, 5, a_strides="7:5:1").key == "batch_matmul(B=1,M=3,N=4,K=5,dtype=float32)"
+    assert batch_matmul(2, 3, 4, 5).operand_strides("A") is None
+
 
 def test_flops_inputs_and_reference():
     w = dense(3, 4, 5, bias=True, epilogue="relu")

@@ -1,7 +1,7 @@
 """A compiled kernel as a Python callable over NumPy arrays.
 
 `kernel(*inputs)` returns a new output, `kernel(*inputs, out=array)` fills one. Inputs are
-checked (count, shape, dtype, C-contiguity) with a message that names the input. Scratch
+checked (count, shape, dtype, C-contiguity or a view's strides) with a message that names the input. Scratch
 buffers (packed operands) are allocated once per kernel, 64-byte aligned. `bind(**weights)`
 runs the stages that read only those weights once, as an inference deployment pre-packs
 its weights, and returns a callable that takes the remaining inputs.
@@ -24,8 +24,8 @@ class KernelArgumentError(ValueError):
 
 
 def check_array(op: str, buffer, array, role: str, types: tuple[type, ...] = (np.ndarray,)):
-    """`array` if it can stand for `buffer` (type, shape, dtype, C-contiguous, writable output), else a
-    KernelArgumentError that names the operand."""
+    """`array` if it can stand for `buffer` (type, shape, dtype, C-contiguous or a view of the buffer's strides,
+    writable output), else a KernelArgumentError that names the operand."""
     what = f"{op} {role} {buffer.name}"
     if not isinstance(array, types):
         expected = " or ".join(f"a {t.__module__.split('.')[0]}.{t.__name__}" for t in types)
@@ -34,7 +34,11 @@ def check_array(op: str, buffer, array, role: str, types: tuple[type, ...] = (np
         raise KernelArgumentError(f"{what}: expected shape {buffer.shape}, got {array.shape}")
     if array.dtype != np.dtype(buffer.dtype):
         raise KernelArgumentError(f"{what}: expected dtype {buffer.dtype}, got {array.dtype}")
-    if not array.flags.c_contiguous:
+    if buffer.strides is not None:
+        if array.strides != tuple(stride * array.itemsize for stride in buffer.strides):
+            raise KernelArgumentError(f"{what}: expected a view of element strides {buffer.strides}, got "
+                                      f"{tuple(stride // array.itemsize for stride in array.strides)}")
+    elif not array.flags.c_contiguous:
         raise KernelArgumentError(f"{what}: must be C-contiguous (use numpy.ascontiguousarray)")
     if role == "output" and not getattr(array.flags, "writeable", True):
         raise KernelArgumentError(f"{what}: is read-only")

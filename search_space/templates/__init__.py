@@ -30,6 +30,10 @@ def template(workload: Workload, target: Target) -> ModuleType:
     if found is None:
         known = ", ".join(f"{op} on {kind}" for op, kind in TEMPLATES)
         raise NoTemplate(f"no schedule template for {workload.op} on {target.kind}; templates exist for {known}")
+    views = any(workload.operand_strides(name) for name, _ in workload.operand_shapes())
+    if views and not getattr(found, "VIEWS", False):
+        raise NoTemplate(f"the {workload.op} template for {target.kind} reads contiguous operands only, not views "
+                         f"({workload.key})")
     if workload.dtype not in found.DTYPES:
         raise NoTemplate(f"the {workload.op} template for {target.kind} computes in {', '.join(found.DTYPES)}, "
                          f"not {workload.dtype}")

@@ -42,6 +42,7 @@ from .register_blocks import best_blocks, fills, reduction_block, seed_blocks
 VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
 DTYPE_VERSIONS = {"int8": 2}  # int8's `widen` multiplies by pmaddwd on x86 since version 2; float32's code is as it was
 DTYPES = ("float32", "bfloat16", "int8")
+VIEWS = True  # reads batch_matmul's operands through the strides its workload gives
 VECTOR_SPLITS = ("tile_n",)  # splits whose register tile is counted in vectors: scaled with `vec` to another CPU
 # per dtype whose packed B holds k in groups (as many as a 32-bit lane holds): the `isa` families (the one any CPU
 # has first, then the one named by its target feature), and the IR op each family's dot is
@@ -89,7 +90,7 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
         Knob("order", "reorder", tuple(itertools.permutations(("mo", "no", "ko")))),
         Knob("inner_order", "reorder", (("mi", "ni"), ("ni", "mi"))),
         Knob("parallel", "annotate", parallel),
-        Knob("pack_b", "knob", (True, False)),
+        Knob("pack_b", "knob", (True,) if b_along_k(workload) and workload.op != "dense" else (True, False)),
     ]
     registers = target.vector_registers
 
@@ -130,6 +131,13 @@ def version(workload: Workload, target: Target) -> int:
     offers AMX, whose configs gained the `prefetch` knob (and so new indices); other targets' records stay valid."""
     base = DTYPE_VERSIONS.get(workload.dtype, VERSION)
     return base + 1 if offers_amx(workload, target) else base
+
+
+def b_along_k(workload: Workload) -> bool:
+    """Whether B's elements lie along k (dense's W [N, K]; kᵀ read in place from k [.., N, K]): packing transposes
+    it, and a product reading it unpacked would gather every vector, so a batch_matmul's always packs it."""
+    strides = workload.operand_strides("B")
+    return workload.op == "dense" or strides is not None and strides[1] == 1 != strides[2]
 
 
 def offers_amx(workload: Workload, target: Target) -> bool:
@@ -199,6 +207,7 @@ class _Gemm:
         self.vec, self.unroll = config["vec"], config["unroll_k"]
         self.parallel = config["parallel"] if target.threads > 1 else "none"
         self.pack = config["pack_b"]
+        self.along_k = b_along_k(workload)
         self.isa = dict(config.values).get("isa")
         self.options = workload.p
         self.batched = workload.op == "batch_matmul"
@@ -251,10 +260,11 @@ class _Gemm:
 
         def panel(b, p0, width):
             p = p0.exact_div(self.nr)
-            if self.workload.op == "dense":  # W's rows are along k: a transposition, in blocks of vec × vec
+            if self.along_k:  # B's elements lie along k: a transposition, in blocks of vec × vec
                 block = lambda l0, rows: tiled("kb", self.k, self.vec, 0, lambda k0, lanes: [
                     Loop("k", lanes, "vectorized", (Loop("l", rows, "unrolled", (self.bp.store(
-                        (p, k0 + var("k"), l0 + var("l")), self.b[p0 + l0 + var("l"), k0 + var("k")]),)),))])
+                        self._batch(b, p, k0 + var("k"), l0 + var("l")),
+                        self.b_element(b, k0 + var("k"), p0 + l0 + var("l"))),)),))])
                 return tiled("lb", width, self.vec, 0, block)
             return [Loop("k", self.k, "serial", (Loop("l", width, "vectorized", (
                 self.bp.store(self._batch(b, p, var("k"), var("l")), self.b_element(b, var("k"), p0 + var("l"))),)),))]
@@ -273,9 +283,9 @@ class _Gemm:
         element = lambda k, l: self.b_element(b, k, p0 + l)
         q, l, j = var("q"), var("l"), var("j")
         group = (Loop("j", g, "unrolled", (store(q, l, j, element(q * g + j, l)),)),)
-        # dense reads W's rows along k, each group a copy; matmul B's g rows along n, in vectors whose lanes the
-        # group stores interleave
-        loops = [("l", width, "serial"), ("q", full, "serial")] if self.workload.op == "dense" else \
+        # B along k (dense's W) is read a row at a time, each group a copy; else B's g rows along n, in vectors
+        # whose lanes the group stores interleave
+        loops = [("l", width, "serial"), ("q", full, "serial")] if self.along_k else \
             [("q", full, "serial"), ("l", width, "vectorized")]
         body = [Loop(*loops[0], (Loop(*loops[1], group),))] if full else []
         if rest:

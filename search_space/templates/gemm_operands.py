@@ -10,8 +10,9 @@ NAMES = {"matmul": ("A", "B", "C"), "dense": ("X", "W", "Y"), "batch_matmul": ("
 
 
 def input_buffers(workload: Workload) -> dict[str, Buffer]:
-    """Every input, in call order."""
-    return {name: Buffer(name, shape, "input", workload.operand_dtype(name)) for name, shape in workload.operand_shapes()}
+    """Every input, in call order, read through its strides where the workload gives them."""
+    return {name: Buffer(name, shape, "input", workload.operand_dtype(name), workload.operand_strides(name))
+            for name, shape in workload.operand_shapes()}
 
 
 def gemm_operands(workload: Workload) -> tuple[Buffer, Buffer, Buffer | None, Buffer]:
