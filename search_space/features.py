@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .program import LOOP_KINDS, Call, If, Load, Loop, Program, Store
+from .program import LOOP_KINDS, Call, If, Loop, Program, Store, loads
 from .space import Config, ConfigSpace
 
 MAX_LOOPS = 12  # loop slots kept around the hottest statement, innermost first
@@ -47,13 +47,6 @@ def _sites(stmts, loops=(), weight=1):
             yield from _sites(stmt.body, loops, weight)
 
 
-def _loads(value):
-    if isinstance(value, Load):
-        yield value
-    for arg in getattr(value, "args", ()):
-        yield from _loads(arg)
-
-
 def _log(x: float) -> float:
     return math.log2(1.0 + abs(x))
 
@@ -66,7 +59,7 @@ def itervar_features(program: Program, flops: int) -> np.ndarray:
     same = [s for s in sites if s.store.buffer == hot.store.buffer and type(s.store.value) is type(hot.store.value)]
     tail_share = 1.0 - hot.weight / max(1, sum(s.weight for s in same))
 
-    accesses = [(hot.store.buffer, hot.store.index)] + [(ld.buffer, ld.index) for ld in _loads(hot.store.value)]
+    accesses = [(hot.store.buffer, hot.store.index)] + [(ld.buffer, ld.index) for ld in loads(hot.store.value)]
     unique = list(dict.fromkeys((b, i) for b, i in accesses))[:MAX_BUFFERS]
     loops = hot.loops[::-1][:MAX_LOOPS]  # innermost first
     rows = []

@@ -317,6 +317,14 @@ def _walk(stmts, depth, loops):
             yield from _walk(stmt.body, depth + 1, loops)
 
 
+def loads(value: Value):
+    """Every load a value reads, depth first."""
+    if isinstance(value, Load):
+        yield value
+    for arg in getattr(value, "args", ()):
+        yield from loads(arg)
+
+
 def format_value(value: Value) -> str:
     if isinstance(value, Load):
         return f"{value.buffer.name}[{', '.join(map(str, value.index))}]"

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from search_space import Config, Program, Target, Workload
-from search_space.program import Load, Stage, Store, walk
+from search_space.program import Stage, Store, loads, walk
 from search_space.workload import aligned_empty
 
 
@@ -46,18 +46,7 @@ def check_array(op: str, buffer, array, role: str, types: tuple[type, ...] = (np
 
 
 def stage_reads(stage: Stage) -> set[str]:
-    names = set()
-
-    def visit(value):
-        if isinstance(value, Load):
-            names.add(value.buffer.name)
-        for arg in getattr(value, "args", ()):
-            visit(arg)
-
-    for stmt, _, _ in walk(stage.body):
-        if isinstance(stmt, Store):
-            visit(stmt.value)
-    return names
+    return {load.buffer.name for stmt, _, _ in walk(stage.body) if isinstance(stmt, Store) for load in loads(stmt.value)}
 
 
 class Kernel:
