@@ -21,6 +21,7 @@ gradients. The rest of the graph is compiled by Inductor, the tuned ops opaque c
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -105,14 +106,22 @@ def run_kernel(sizes: ShapeDispatch, activations) -> torch.Tensor:
     addresses = [t.data_ptr() for t in tensors] + [out.data_ptr()]
     if (clock := _CLOCK.get()) is not None:
         start = time.perf_counter()
-        run.call(*addresses)
+        launch(run, addresses)
         clock[run.name].append(time.perf_counter() - start)
     elif profiler._is_profiler_enabled:
         with torch.profiler.record_function(run.name):
-            run.call(*addresses)
+            launch(run, addresses)
     else:
-        run.call(*addresses)
+        launch(run, addresses)
     return out
+
+
+def launch(run, addresses: list[int]) -> None:
+    """The run's kernel on these addresses: once, or once for each of its offsets."""
+    if not run.offsets:
+        run.call(*addresses)
+    for shift in run.offsets:
+        run.call(*map(operator.add, addresses, shift))
 
 
 def substitute(captured: Captured, matches: list[Match], kernels: Kernels) -> fx.GraphModule:

@@ -122,6 +122,12 @@ class Match:
         return [self.workload] + (gradient_workloads(self.form, self.shapes, self.grads) if any(self.grads) else [])
 
     @property
+    def calls(self) -> int:
+        """How many calls of its (static) workload's kernel one run makes: a batch_matmul reading views calls it
+        for each index of the leading batch sizes that do not flatten."""
+        return len(self.form.calls(self.shapes, self.strides)) if self.form.views else 1
+
+    @property
     def label(self) -> str:
         """The workload's label, or the op's name where its sizes vary."""
         return self.workload.label if self.workload is not None else op_label(self.nodes[0])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import threading
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Union
@@ -27,7 +28,8 @@ from db import Database, HistoryBest, ServedBest
 from db.history import StoredConfig
 from db.served import is_served
 from search_space import Target, Workload, fallback_config
-from search_space.workload import canonical_strides, conv2d_output, output_dtype
+from search_space.program import ITEMSIZE
+from search_space.workload import canonical_strides, contiguous_strides, conv2d_output, output_dtype
 from tuner import predict  # noqa: F401  registers predicted configs: a shape with no tuned neighbour gets one
 from workers import build
 from workers.torch_arrays import FLOATING, torch_dtype
@@ -73,8 +75,10 @@ class Dense(_Result):
 @dataclass(frozen=True)
 class Product(_Result):
     """a · b of two activations: matmul when 2-D, else batch_matmul over the leading (batch × heads) sizes. With
-    `views`, a batch_matmul reads an operand in place wherever its batch sizes flatten to one stride (attention's
-    q, kᵀ and v, views of one activation's heads: no copy of each a layer)."""
+    `views`, a batch_matmul reads its operands in place (attention's q, kᵀ and v, views of one activation's heads:
+    no copy of each a layer): its kernel's batch is the trailing batch sizes that flatten to one stride in every
+    operand, and it is called once for each index of the leading ones that do not (a batch of several sequences:
+    [batch, heads] of q do not flatten, its heads do)."""
 
     op: ClassVar[str] = "matmul"  # batch_matmul's result dtype is matmul's
 
@@ -86,16 +90,28 @@ class Product(_Result):
         (m, k), n = a[-2:], b[-1]
         if len(a) == 2:
             return Workload.make("matmul", self.dtype, M=m, N=n, K=k)
-        a_strides, b_strides = (batch_view(shape, stride) or "" for shape, stride in zip((a, b), strides))
-        return Workload.make("batch_matmul", self.dtype, B=math.prod(a[:-2]), M=m, N=n, K=k, a_strides=a_strides,
-                             b_strides=b_strides)
+        outer, (a_strides, b_strides) = split_batch((a, b), strides)
+        return Workload.make("batch_matmul", self.dtype, B=math.prod(a[outer:-2]), M=m, N=n, K=k,
+                             a_strides=a_strides or "", b_strides=b_strides or "")
 
     def read_in_place(self, shapes: tuple, strides: tuple) -> tuple[bool, ...]:
-        """Which operands `workload` reads where they lie: a batch_matmul's whose batch sizes flatten, a matmul's
-        that are contiguous."""
-        readable = lambda shape, stride: len(shape) > 2 or canonical_strides(shape, stride) == ""
-        return tuple(batch_view(shape, stride) is not None and readable(shape, stride)
-                     for shape, stride in zip(shapes, strides))
+        """Which operands `workload` reads where they lie: a batch_matmul's whose strides are known and not
+        negative, a matmul's that are contiguous."""
+        if len(shapes[0]) == 2:
+            return tuple(stride is not None and canonical_strides(shape, stride) == ""
+                         for shape, stride in zip(shapes, strides))
+        return tuple(option is not None for option in split_batch(shapes, strides)[1])
+
+    def calls(self, shapes: tuple, strides: tuple) -> list[tuple[int, ...]]:
+        """The element offsets of the operands (as `read_in_place` passes them) and of the result for each call
+        of the kernel, one call for each index of the leading batch sizes `split_batch` loops over."""
+        outer = split_batch(shapes, strides)[0] if len(shapes[0]) > 2 else 0
+        result = self.result_shape(*shapes)
+        laid = [stride if in_place else contiguous_strides(shape)
+                for shape, stride, in_place in zip(shapes, strides, self.read_in_place(shapes, strides))]
+        laid.append(contiguous_strides(result))
+        return [tuple(sum(i * s for i, s in zip(index, stride)) for stride in laid)
+                for index in np.ndindex(*result[:outer])]
 
     def result_shape(self, a: Shape, b: Shape) -> Shape:
         return (*a[:-1], b[-1])
@@ -137,12 +153,22 @@ def workload_at(form: Form, shapes: tuple, strides: tuple | None = None) -> Work
     return form.workload(*shapes, strides=strides) if form.views else form.workload(*shapes)
 
 
-def batch_view(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> str | None:
-    """A batch_matmul operand's stride option for a tensor of `shape` and `strides`, its leading sizes flattened
-    into one batch: None where they do not flatten to one stride, a stride is negative or the strides are not
-    known (an activation that must be cast is copied)."""
-    if strides is None or min(strides) < 0:
-        return None
+def split_batch(shapes: tuple, strides: tuple) -> tuple[int, tuple[str | None, ...]]:
+    """(outer, options): the fewest leading batch sizes a batch_matmul's calls loop over for every operand's other
+    batch sizes to flatten to one stride, and each operand's stride option (`batch:row:column`) then; None for an
+    operand that is copied, its strides not known (an activation to cast) or negative."""
+    read = [stride is not None and min(stride) >= 0 for stride in strides]
+    views = lambda outer: tuple(batch_view(shape[outer:], stride[outer:]) if ok else None
+                                for shape, stride, ok in zip(shapes, strides, read))
+    # looping over every batch size leaves a batch of one, which always flattens
+    outer = next(outer for outer in range(len(shapes[0]) - 1)
+                 if all(option is not None for option, ok in zip(views(outer), read) if ok))
+    return outer, views(outer)
+
+
+def batch_view(shape: tuple[int, ...], strides: tuple[int, ...]) -> str | None:
+    """The stride option of an operand of `shape` and `strides`, its leading sizes flattened into one batch: None
+    where they do not flatten to one stride."""
     leading = [(size, stride) for size, stride in zip(shape[:-2], strides[:-2]) if size != 1]
     if any(outer != inner * size for (_, outer), (size, inner) in zip(leading, leading[1:])):
         return None
@@ -238,6 +264,8 @@ class Run:
     kernel: object  # the bound kernel: keeps the call's memory alive, and says which config it runs
     name: str  # what a profiler calls its time: `tensortune ` and the workload's key
     in_place: tuple[bool, ...] = ()  # for a form that reads views: which activations it reads where they lie
+    # where one run is several calls of the kernel: the byte offsets of the activations and result for each
+    offsets: tuple[tuple[int, ...], ...] = ()
 
 
 class ShapeDispatch:
@@ -267,7 +295,12 @@ class ShapeDispatch:
                 self.bound[workload] = kernel.bind(**self.weights) if self.weights else kernel
             bound = self.bound[workload]
             result = tuple(self.form.result_shape(*shapes))
-            in_place = self.form.read_in_place(shapes, strides) if self.form.views else ()
-            run = Run(bound.address_call(), result, bound, f"tensortune {workload.key}", in_place)
+            in_place, offsets = (), ()
+            if self.form.views:
+                in_place, calls = self.form.read_in_place(shapes, strides), self.form.calls(shapes, strides)
+                itemsizes = [ITEMSIZE[workload.operand_dtype(name)] for name, _ in workload.operand_shapes()]
+                itemsizes.append(ITEMSIZE[workload.output_dtype])
+                offsets = tuple(tuple(map(operator.mul, call, itemsizes)) for call in calls) if len(calls) > 1 else ()
+            run = Run(bound.address_call(), result, bound, f"tensortune {workload.key}", in_place, offsets)
             self.runs[(tuple(shapes), strides)] = run
             return run

@@ -38,8 +38,8 @@ def extract_tasks_at(model: torch.nn.Module, input_sets: Iterable[tuple], traini
     for example_inputs in input_sets:
         for captured in capture(model, example_inputs, grad=training):
             for match in find_matches(captured):
-                for workload in match.workloads:
-                    counts[workload] += 1
+                for number, workload in enumerate(match.workloads):  # the forward's, then its gradients'
+                    counts[workload] += match.calls if number == 0 else 1
                     paths.setdefault(workload, []).append(match.path or type(model).__name__)
     if not counts:
         raise NothingToTune(f"{type(model).__name__} has no dense, matmul, batch_matmul or conv2d for tensortune to tune")

@@ -123,10 +123,11 @@ def tiny_bert():
     return transformers.BertModel(config).eval()
 
 
-@pytest.mark.parametrize("graph", ["inductor", "eager"])
-def test_bert_reads_its_attention_heads_in_place(graph, tmp_path):
-    """In a batch of one sequence the heads of q, k and v, views of the fused QKV dense's result [1, L, 96], flatten
-    into one batch stride: both attention products read them where they lie (kᵀ too), at a static length and at a
+@pytest.mark.parametrize("graph, sequences", [("inductor", 1), ("eager", 1), ("inductor", 3)])
+def test_bert_reads_its_attention_heads_in_place(graph, sequences, tmp_path):
+    """The heads of q, k and v are views of the fused QKV dense's result [sequences, L, 96]: both attention
+    products read them where they lie (kᵀ too), their kernels' batch the 2 heads of 16 (a call a sequence where
+    there are several, as sequences and heads do not flatten into one stride), at a static length and at a
     second one that makes the length symbolic, in the graph Inductor compiles and in the eager one; the outputs
     are eager's."""
     from frontend.backend import kernel_clock
@@ -137,7 +138,7 @@ def test_bert_reads_its_attention_heads_in_place(graph, tmp_path):
                                                                    "graph": graph})
     with torch.inference_mode(), kernel_clock() as seconds:
         for length in (8, 12):
-            ids = torch.randint(0, 100, (1, length))
+            ids = torch.randint(0, 100, (sequences, length))
             assert torch.allclose(compiled(ids).last_hidden_state, model(ids).last_hidden_state, atol=1e-5)
             called |= {name.split()[1] for name in seconds if "batch_matmul" in name}
     assert called == {key for length in (8, 12) for key in (
@@ -157,6 +158,7 @@ def test_bert_runs_tuned_kernels_at_every_sequence_length_and_batch_size(tmp_pat
             got, expected = compiled(ids), model(ids)
             assert torch.allclose(got.last_hidden_state, expected.last_hidden_state, atol=1e-5)
             assert torch.allclose(got.pooler_output, expected.pooler_output, atol=1e-5)
-    matched = sum(task.weight for task in extract_tasks(model, (torch.randint(0, 100, (2, 8)),)))
+    # one sequence: each op one kernel call (in a batch, an attention product is a call a sequence)
+    matched = sum(task.weight for task in extract_tasks(model, (torch.randint(0, 100, (1, 8)),)))
     assert len(graphs) == 3 and [len(tuned_ops(graph)) for graph in graphs] == [matched] * 3
     assert not [line for line in frontend_lines(caplog) if "run in PyTorch" in line]

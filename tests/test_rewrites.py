@@ -40,15 +40,17 @@ def gpt2():
     return transformers.GPT2LMHeadModel(config), (torch.randint(0, 100, (1, 8)),)
 
 
-# model → (rows of the QKV dense, sequence length, batch × heads, each layer's attention module and QKV path, the
-# strides q·kᵀ reads q and kᵀ through: in a batch of 2 two heads do not flatten into one stride, and are copied;
-# GPT-2's one sequence reads q in place from the fused QKV dense's result, kᵀ from its key cache)
+# model → (rows of the QKV dense, sequence length, each layer's attention module and QKV path, the strides the
+# products read q, kᵀ and v through, in place, and the sequences: the fused QKV dense's result holds each row's heads
+# of 16 in 96 columns; in a batch of 2 sequences the batch and the heads do not flatten into one stride, so the
+# kernel's batch is the 2 heads, called once a sequence; GPT-2 reads its one sequence's kᵀ and v from its cache)
+HEADS = ("16:96:1", "16:1:96", "16:96:1")
 MODELS = {
-    bert: (16, 8, 4, lambda layer: (f"encoder.layer.{layer}.attention.self",) * 2, ("", "")),
-    distilbert: (16, 8, 4, lambda layer: (f"transformer.layer.{layer}.attention",) * 2, ("", "")),
-    vit: (34, 17, 4, lambda layer: (f"layers.{layer}.attention",) * 2, ("", "")),
-    gpt2: (8, 8, 2, lambda layer: (f"transformer.h.{layer}.attn", f"transformer.h.{layer}.attn.c_attn"),
-           ("16:96:1", "128:1:16")),
+    bert: (16, 8, lambda layer: (f"encoder.layer.{layer}.attention.self",) * 2, HEADS, 2),
+    distilbert: (16, 8, lambda layer: (f"transformer.layer.{layer}.attention",) * 2, HEADS, 2),
+    vit: (34, 17, lambda layer: (f"layers.{layer}.attention",) * 2, HEADS, 2),
+    gpt2: (8, 8, lambda layer: (f"transformer.h.{layer}.attn", f"transformer.h.{layer}.attn.c_attn"),
+           ("16:96:1", "128:1:16", ""), 1),
 }
 
 
@@ -65,12 +67,13 @@ def compiled(model, tmp_path):
 
 @pytest.mark.parametrize("build", MODELS, ids=lambda build: build.__name__)
 def test_qkv_dense_and_both_attention_matmuls_of_every_layer_are_tasks(build):
-    rows, length, heads, paths, (q, k) = MODELS[build]
+    rows, length, paths, (q, k, v), sequences = MODELS[build]
     tasks = {task.workload: task for task in extract_tasks(*tiny(build))}
     attention, qkv = zip(*(paths(layer) for layer in range(2)))
     assert tasks[dense(rows, 96, 32, bias=True)].paths == qkv
-    assert tasks[batch_matmul(heads, length, length, 16, a_strides=q, b_strides=k)].paths == attention  # q · kᵀ
-    assert tasks[batch_matmul(heads, length, 16, length)].paths == attention  # softmax · v
+    scores = tasks[batch_matmul(2, length, length, 16, a_strides=q, b_strides=k)]  # q · kᵀ
+    assert (scores.paths, scores.weight) == (attention, 2 * sequences)  # a call a sequence in each layer
+    assert tasks[batch_matmul(2, length, 16, length, b_strides=v)].paths == attention  # softmax · v
 
 
 @pytest.mark.parametrize("build", MODELS, ids=lambda build: build.__name__)
