@@ -138,3 +138,15 @@ def test_the_tile_peak_is_measured_with_tile_products(family):
     assert FAMILIES[family][1] in emit_assembly(tile_peak_module(family), SAPPHIRE)
     if "amx-tile" in host_target().features:
         assert peak_gflops(ONE, family) > 2 * peak_gflops(ONE, FAMILIES[family][2])
+
+
+def test_a_batch_matmul_reading_views_runs_tile_products_where_a_rows_lie_along_k():
+    """q read in place from a fused QKV result (its rows 96 wide) by kᵀ: tile products, compiled; an A whose k runs
+    down its columns (a transposed view) has no tile row to load, so no AMX config is offered for it, and its
+    fallback compiles to no tile product."""
+    heads = batch_matmul(2, 17, 17, 32, "bfloat16", a_strides="32:96:1", b_strides="32:1:96")
+    assert "tdpbf16ps" in generated_assembly(lower(heads, SAPPHIRE, fallback_config(heads, SAPPHIRE)), SAPPHIRE)
+    transposed = batch_matmul(2, 17, 17, 32, "bfloat16", a_strides="544:1:17")
+    assert {config["isa"] for config in get_space(transposed, SAPPHIRE)} == {"fma", "avx512bf16"}
+    assert "tdpbf16ps" not in generated_assembly(lower(transposed, SAPPHIRE, fallback_config(transposed, SAPPHIRE)),
+                                                 SAPPHIRE)

@@ -214,3 +214,20 @@ def test_gelu_epilogues_match_their_definitions_across_the_range(epilogue):
     x, w, bias = np.ones((1, 1), np.float32), np.linspace(-9, 9, 512, dtype=np.float32)[:, None], np.zeros(512, np.float32)
     got = build(workload, "llvm", fallback_config(workload, "llvm"))(x, w, bias)
     np.testing.assert_allclose(got, workload.reference(x, w, bias), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("a_strides, b_strides", [("544:1:17", ""), ("32:96:1", "32:1:96")],
+                         ids=["A transposed", "heads, kᵀ"])
+def test_views_in_every_family_match_the_reference(dtype, a_strides, b_strides):
+    """The pair and quad dots read A's k in adjacent groups: from a transposed A, whose k runs down its columns,
+    they multiply-add element by element; every family of the host computes the reference either way."""
+    workload = batch_matmul(2, 17, 17, 32, dtype, a_strides=a_strides, b_strides=b_strides)
+    space = get_space(workload, "llvm")
+    for isa in space.knobs["isa"].candidates:
+        family = space.restrict({"isa": (isa,)})
+        drawn = [space.get(space.index_of(dict(config.values))) for config in family.sample(3, 0)]
+        for config in [space.nearest(dict(fallback_config(workload, "llvm").values) | {"isa": isa})] + drawn:
+            inputs = workload.random_inputs(seed=config.index % 7)
+            error = workload.max_error(build(workload, "llvm", config)(*inputs), workload.reference(*inputs))
+            assert error <= 1, (isa, config)

@@ -114,12 +114,14 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     if not amx:  # the constraints as they were before AMX: every other target's configs keep their indices
         return ConfigSpace(knobs, register_block + [(("isa", "pack_b", "vec"), groups_read)], strata="isa")
     knobs.append(Knob("prefetch", "knob", AHEAD_CHOICES))
+    a_strides = workload.operand_strides("A")
+    a_rows = a_strides is None or a_strides[2] == 1  # a tile row of A is k's groups side by side
 
     def valid(isa, tile_m, tile_n, vec, pack_b, unroll_k, prefetch):
-        """Tiles for AMX, on a packed B, written back on 16 lanes, the k loop not unrolled (the two knobs are fixed
-        there); a register block for the vector families, which prefetch nothing."""
+        """Tiles for AMX, from A's rows as they lie, on a packed B, written back on 16 lanes, the k loop not unrolled
+        (the two knobs are fixed there); a register block for the vector families, which prefetch nothing."""
         if isa in AMX:
-            return pack_b and vec == max(vec_choices) and unroll_k == 1 and whole_tiles(tile_m, tile_n)
+            return a_rows and pack_b and vec == max(vec_choices) and unroll_k == 1 and whole_tiles(tile_m, tile_n)
         return fits(tile_m, tile_n, vec) and groups_read(isa, pack_b, vec) and prefetch == 0
 
     return ConfigSpace(knobs, [(("isa", "tile_m", "tile_n", "vec", "pack_b", "unroll_k", "prefetch"), valid)],
