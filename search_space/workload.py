@@ -128,6 +128,11 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
 
 
+def spanned(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """The elements from a view's first to its last, the storage it needs."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(shape, strides))
+
+
 def canonical_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
     """The option value for an operand of `shape` read through `strides`: "" where that is the contiguous layout
     (a dimension of size 1 has no stride that matters), else the strides joined by colons."""
@@ -149,7 +154,7 @@ def _strides_check(spec_operands: Callable[[dict], list], strided: dict[str, str
                 example = ":".join(map(str, contiguous_strides(shapes[name])))
                 return (f"{option}={text!r} is not {len(shapes[name])} non-negative integers joined by ':' (the "
                         f"element strides of {name} {shapes[name]}, e.g. {example})")
-            if 1 + sum((size - 1) * stride for size, stride in zip(shapes[name], parse_strides(text))) > MAX_ELEMENTS:
+            if spanned(shapes[name], parse_strides(text)) > MAX_ELEMENTS:
                 return f"{option}={text} spans more than {MAX_ELEMENTS} elements"
         return None
     return check
@@ -362,7 +367,7 @@ class Workload:
             strides = self.operand_strides(name)
             if strides is None:
                 return aligned(draw(name, shape))
-            storage = aligned(draw(name, (1 + sum((size - 1) * s for size, s in zip(shape, strides)),)))
+            storage = aligned(draw(name, (spanned(shape, strides),)))
             return as_strided(storage, shape, tuple(s * storage.itemsize for s in strides))
 
         return tuple(operand(name, shape) for name, shape in self.operand_shapes())
