@@ -141,23 +141,21 @@ def canonical_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
     return "" if strides == dense else ":".join(map(str, strides))
 
 
-def _strides_check(spec_operands: Callable[[dict], list], strided: dict[str, str]) -> Callable[[dict], str | None]:
+def _strides_problem(spec: OpSpec, p: dict) -> str | None:
     """What is wrong with an op's stride options: each is as many non-negative integers as its operand has
     dimensions, colon-separated, and spans no more than MAX_ELEMENTS."""
-    def check(p: dict) -> str | None:
-        shapes = dict(spec_operands(p))
-        for name, option in strided.items():
-            text = p[option]
-            if not text:
-                continue
-            if not re.fullmatch(r"\d+(:\d+)*", text) or len(parse_strides(text)) != len(shapes[name]):
-                example = ":".join(map(str, contiguous_strides(shapes[name])))
-                return (f"{option}={text!r} is not {len(shapes[name])} non-negative integers joined by ':' (the "
-                        f"element strides of {name} {shapes[name]}, e.g. {example})")
-            if spanned(shapes[name], parse_strides(text)) > MAX_ELEMENTS:
-                return f"{option}={text} spans more than {MAX_ELEMENTS} elements"
-        return None
-    return check
+    shapes = dict(spec.operand_shapes(p))
+    for name, option in spec.strided.items():
+        text = p[option]
+        if not text:
+            continue
+        if not re.fullmatch(r"\d+(:\d+)*", text) or len(parse_strides(text)) != len(shapes[name]):
+            example = ":".join(map(str, contiguous_strides(shapes[name])))
+            return (f"{option}={text!r} is not {len(shapes[name])} non-negative integers joined by ':' (the "
+                    f"element strides of {name} {shapes[name]}, e.g. {example})")
+        if spanned(shapes[name], parse_strides(text)) > MAX_ELEMENTS:
+            return f"{option}={text} spans more than {MAX_ELEMENTS} elements"
+    return None
 
 
 def _conv2d_check(p: dict) -> str | None:
@@ -167,11 +165,6 @@ def _conv2d_check(p: dict) -> str | None:
                 f"(H+2·pad × W+2·pad)")
     return None
 
-
-_batch_matmul_operands = lambda p: [("A", (p["B"], p["M"], p["K"])), ("B", (p["B"], p["K"], p["N"]))]
-# batch_matmul may read A and B through views (attention's heads split from one activation, kᵀ), their element
-# strides given as options: "" is the contiguous layout
-BATCH_MATMUL_VIEWS = {"A": "a_strides", "B": "b_strides"}
 
 OPS: dict[str, OpSpec] = {
     "matmul": OpSpec(
@@ -193,13 +186,13 @@ OPS: dict[str, OpSpec] = {
     ),
     "batch_matmul": OpSpec(
         "batch_matmul", ("B", "M", "N", "K"), {"a_strides": "", "b_strides": ""},
-        _batch_matmul_operands,
+        lambda p: [("A", (p["B"], p["M"], p["K"])), ("B", (p["B"], p["K"], p["N"]))],
         lambda p: (p["B"], p["M"], p["N"]),
         lambda p: 2 * p["B"] * p["M"] * p["N"] * p["K"],
         lambda p, a, b: np.matmul(a, b),
         lambda p: p["K"],
-        check=_strides_check(_batch_matmul_operands, BATCH_MATMUL_VIEWS),
-        strided=BATCH_MATMUL_VIEWS,
+        # A and B may be views (attention's heads split from one activation, kᵀ): "" is the contiguous layout
+        strided={"A": "a_strides", "B": "b_strides"},
     ),
     "conv2d": OpSpec(
         "conv2d", ("N", "C", "H", "W", "K", "R", "S", "stride", "pad"),
@@ -262,7 +255,7 @@ class Workload:
             raise WorkloadError(f"{op}: missing parameter(s) {', '.join(missing)}; {op} needs {', '.join(spec.dims)}")
         values = {d: _check_dim(op, d, params[d], spec.minimums.get(d, 1)) for d in spec.dims}
         values |= {o: _check_option(op, o, params.get(o, default), default) for o, default in spec.options.items()}
-        problem = spec.check(values)
+        problem = spec.check(values) or _strides_problem(spec, values)
         if problem:
             raise WorkloadError(f"{op}: {problem}")
         shapes = dict(spec.operand_shapes(values))
