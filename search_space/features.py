@@ -4,8 +4,8 @@
 statement, the way AutoTVM's itervar features do: per loop, from the innermost outward,
 its extent, kind and the iteration products above and below it, and per buffer accessed
 there the stride, the bytes touched and the reuse at that level; plus whole-program facts
-(FLOPs, the share of work in peeled tails, packed bytes, parallel width). Everything is
-log-scaled and measured in the program, not in knob values, so a model trained on one shape
+(FLOPs, the share of work in peeled tails, packed bytes, parallel width, how far ahead its
+nearest prefetch reaches, in bytes). Everything is log-scaled and measured in the program, not in knob values, so a model trained on one shape
 of an op says something about another: that is what transfer learning needs.
 `knob` features are the config's knob values themselves: cheap and exact within one space,
 meaningless across spaces.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .program import LOOP_KINDS, Call, If, Loop, Program, Store, loads
+from .program import LOOP_KINDS, Call, If, Loop, Prefetch, Program, Store, loads, walk
 from .space import Config, ConfigSpace
 
 MAX_LOOPS = 12  # loop slots kept around the hottest statement, innermost first
@@ -80,7 +80,10 @@ def itervar_features(program: Program, flops: int) -> np.ndarray:
     parallel = [l.extent for s in sites for l in s.loops if l.kind == "parallel"]
     packed = sum(b.size * b.itemsize for b in program.scope("packed"))
     registers = sum(b.size for b in program.scope("register"))
-    overall = [_log(flops), _log(total), tail_share, _log(packed), _log(registers), _log(max(parallel, default=1))]
+    lead = min((s.lead * s.buffer.itemsize for stage in program.stages for s, _, _ in walk(stage.body)
+                if isinstance(s, Prefetch)), default=0)
+    overall = [_log(flops), _log(total), tail_share, _log(packed), _log(registers), _log(max(parallel, default=1)),
+               _log(lead)]
     return np.asarray([x for row in rows for x in row] + overall, dtype=np.float32)
 
 

@@ -126,6 +126,9 @@ class Buffer:
     def store(self, index, value: Value) -> Store:
         return Store(self, _index(self, index), value)
 
+    def prefetch(self, index, lead: int) -> Prefetch:
+        return Prefetch(self, _index(self, index), lead)
+
     def flat(self, index: tuple[Affine, ...]) -> Affine:
         """Element offset of an index: through the strides where given, else row-major."""
         if self.strides is not None:
@@ -215,7 +218,18 @@ class Barrier:
     written before it is seen by every thread after it. It never stands inside a threadIdx loop."""
 
 
-Stmt = Union[Store, Loop, If, Call, Barrier]
+@node
+class Prefetch:
+    """A hint that the cache line `lead` elements past `buffer[index]` is read soon: its load starts now. It never
+    faults, so it may point past the buffer's end. A micro-kernel streaming packed weights from memory asks for the
+    rows it reads `lead` elements on; the cost model reads the lead."""
+
+    buffer: Buffer
+    index: tuple[Affine, ...]
+    lead: int
+
+
+Stmt = Union[Store, Loop, If, Call, Barrier, Prefetch]
 
 
 @node
@@ -356,6 +370,8 @@ def format_stmts(stmts, indent: int = 0, shown: dict | None = None) -> list[str]
                 lines += format_stmts(stmt.body, indent + 1, shown)
         elif isinstance(stmt, Barrier):
             lines.append(f"{pad}barrier()")
+        elif isinstance(stmt, Prefetch):
+            lines.append(f"{pad}prefetch {stmt.buffer.name}[{', '.join(map(str, stmt.index))}] + {stmt.lead}")
         else:
             lines.append(f"{pad}{stmt.buffer.name}[{', '.join(map(str, stmt.index))}] = {format_value(stmt.value)}")
     return lines

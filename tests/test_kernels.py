@@ -231,3 +231,28 @@ def test_views_in_every_family_match_the_reference(dtype, a_strides, b_strides):
             inputs = workload.random_inputs(seed=config.index % 7)
             error = workload.max_error(build(workload, "llvm", config)(*inputs), workload.reference(*inputs))
             assert error <= 1, (isa, config)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_dense_prefetches_its_packed_weights_as_the_prefetch_knob_says(dtype):
+    """A dense micro-kernel of a vector family prefetches the packed weights `prefetch` k steps on, a prefetcht0
+    per cache line of a k step's row, and computes the same; only dense, whose bound weights come from memory in
+    a model, has the knob (products of activations find them in cache, just packed), and only from a packed W."""
+    from search_space import lower, template_version
+    from workers.build import generated_assembly
+
+    target = Target.parse("llvm -mcpu=znver4 -mattr=+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512dq,+avx512vl -threads=1")
+    workload = dense(20, 64, 70, bias=True, epilogue="relu", dtype=dtype)
+    space = get_space(workload, target)
+    assert space.knobs["prefetch"].candidates == (0, 4, 16, 32) and fallback_config(workload, target)["prefetch"] == 32
+    assert all(config["pack_b"] for config in space.restrict({"prefetch": (4, 16, 32)}).sample(20, rng=0))
+    assert "prefetch" not in get_space(matmul(20, 64, 70, dtype=dtype), target).knobs
+    assert template_version(workload, target) == template_version(matmul(20, 64, 70, dtype=dtype), target) + 1
+    block = fallback_config(workload, target).to_dict() | {"tile_n": [-1, 2, 32], "unroll_k": 1}
+    assembly = lambda ahead: generated_assembly(lower(workload, target, space.config(block | {"prefetch": ahead})), target)
+    assert assembly(32).count("prefetcht0") >= 2 and "prefetcht0" not in assembly(0)  # a row: two cache lines
+    host = get_space(workload, "llvm")
+    for ahead in host.knobs["prefetch"].candidates:
+        config = host.nearest(dict(fallback_config(workload, "llvm").values) | {"prefetch": ahead})
+        inputs = workload.random_inputs(seed=ahead)
+        assert workload.max_error(build(workload, "llvm", config)(*inputs), workload.reference(*inputs)) <= 1, ahead

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from search_space.program import (ITEMSIZE, Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, Store, Value,
-                                  walk)
+from search_space.program import (ITEMSIZE, Affine, Buffer, Call, Const, If, Load, Loop, Op, Prefetch, Program, Stage,
+                                  Store, Value, walk)
 
 from .llvm_amx import PRODUCTS, Operand, tile_product
 
@@ -210,6 +210,8 @@ class LLVMCodegen:
                 self.branch(f, stmt, vector)
             elif isinstance(stmt, Call):
                 self.call(f, stmt, vector)
+            elif isinstance(stmt, Prefetch):
+                self.prefetch(f, stmt)
             elif stmt.kind == "tile" and vector is None:
                 self.tile_nest(f, stmt)
             elif stmt.kind == "unrolled" or (stmt.kind == "vectorized" and stmt.extent == 1):
@@ -385,6 +387,13 @@ class LLVMCodegen:
             address = self.address(f, buffer, self.index_parts(f, offset, None), value.type.element)
             b.store(b.extract_element(value, ir.Constant(I32, lane)), address, align=align)
         del f.env[vector.var]
+
+    def prefetch(self, f: _Function, stmt: Prefetch) -> None:
+        """`llvm.prefetch` (read, into every cache level, data) of the cache line `lead` elements on."""
+        parts = self.index_parts(f, stmt.buffer.flat(stmt.index) + stmt.lead, None)
+        address = self.address(f, stmt.buffer, parts, ELEMENTS[stmt.buffer.dtype])
+        hint = self._extern("llvm.prefetch.p0", ir.VoidType(), [address.type, I32, I32, I32])
+        f.builder.call(hint, [address, *(ir.Constant(I32, n) for n in (0, 3, 1))])
 
     @staticmethod
     def _key(buffer: Buffer, parts: tuple, shape) -> tuple:

@@ -4,7 +4,9 @@ C[b, m, n] (+)= Σ_k A[b, m, k] · B[b, k, n]; dense reads B[k, n] from W[n, k] 
 bias and an epilogue. The shape is the BLIS/GOTO one: B optionally packed into panels
 Bp[n/nr][k][nr], outer cache tiles (mo, no, ko) in a tunable order, inner tiles (mi, ni),
 and a micro-kernel that keeps an mr × nr block of C in vector registers across the k loop:
-per k, nr/vec vector loads of B, mr broadcasts of A and mr·nr/vec vector FMAs.
+per k, nr/vec vector loads of B, mr broadcasts of A and mr·nr/vec vector FMAs. dense's bound
+weights come from memory in a model: its `prefetch` knob has each k step prefetch the packed
+W's row that many steps on.
 
 bfloat16 sums in float32 registers. Its packed B holds k in adjacent pairs, Bp[n/nr][k/2][nr][2],
 so that one 32-bit load brings two k of A or of a B column: the `isa` knob multiplies the pairs
@@ -53,7 +55,7 @@ AMX = ("amx-bf16", "amx-int8")
 TILE = 16  # rows of an AMX tile, and 32-bit columns
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 AMX_MR_CHOICES = (32, 48, 64)  # register blocks of several tiles' rows, offered only where AMX is
-AHEAD_CHOICES = (0, 4, 16)  # k steps ahead that AMX tile products prefetch the packed B (0: not at all)
+AHEAD_CHOICES = (0, 4, 16, 32)  # k steps ahead that a micro-kernel prefetches the packed B (0: not at all)
 NR_CHOICES = (4, 8, 12, 16, 24, 32, 48, 64)
 MOST_VECTORS = 8  # of B's columns in a register block
 BLOCK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
@@ -105,34 +107,42 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
         return whole(tile_m[2], m) and whole(tile_n[2], n)
 
     register_block = [(("tile_m", "tile_n", "vec"), fits)]
+    # dense's bound weights come from memory in a model: its micro-kernel may prefetch them from the packed B
+    dense = workload.op == "dense"
+    streamed = lambda pack_b, prefetch: prefetch == 0 or dense and pack_b
+    if dense:
+        knobs.append(Knob("prefetch", "knob", AHEAD_CHOICES))
+        register_block.append((("pack_b", "prefetch"), streamed))
     if workload.dtype not in FAMILIES:
         return ConfigSpace(knobs, register_block)
     generic = FAMILIES[workload.dtype][0]
     knobs.append(Knob("isa", "annotate", isas(target, workload.dtype)))
     # the special dots read the group layout of the packed B, on 16 lanes (or fewer with AVX-512 VL)
     groups_read = lambda isa, pack_b, vec: isa == generic or (pack_b and (vec == 16 or "avx512vl" in target.features))
-    if not amx:  # the constraints as they were before AMX: every other target's configs keep their indices
+    if not amx:
         return ConfigSpace(knobs, register_block + [(("isa", "pack_b", "vec"), groups_read)], strata="isa")
-    knobs.append(Knob("prefetch", "knob", AHEAD_CHOICES))
+    if not dense:  # AMX's tile products prefetch in every op
+        knobs.append(Knob("prefetch", "knob", AHEAD_CHOICES))
     a_strides = workload.operand_strides("A")
     a_rows = a_strides is None or a_strides[2] == 1  # a tile row of A is k's groups side by side
 
     def valid(isa, tile_m, tile_n, vec, pack_b, unroll_k, prefetch):
         """Tiles for AMX, from A's rows as they lie, on a packed B, written back on 16 lanes, the k loop not unrolled
-        (the two knobs are fixed there); a register block for the vector families, which prefetch nothing."""
+        (the two knobs are fixed there); a register block for the vector families, prefetching only in dense."""
         if isa in AMX:
             return a_rows and pack_b and vec == max(vec_choices) and unroll_k == 1 and whole_tiles(tile_m, tile_n)
-        return fits(tile_m, tile_n, vec) and groups_read(isa, pack_b, vec) and prefetch == 0
+        return fits(tile_m, tile_n, vec) and groups_read(isa, pack_b, vec) and streamed(pack_b, prefetch)
 
     return ConfigSpace(knobs, [(("isa", "tile_m", "tile_n", "vec", "pack_b", "unroll_k", "prefetch"), valid)],
                        strata="isa")
 
 
 def version(workload: Workload, target: Target) -> int:
-    """The version of a workload's configs on a target: DTYPE_VERSIONS' (or VERSION), one more where the space
-    offers AMX, whose configs gained the `prefetch` knob (and so new indices); other targets' records stay valid."""
+    """The version of a workload's configs on a target: DTYPE_VERSIONS' (or VERSION), one more for dense, whose
+    vector micro-kernels gained the `prefetch` knob (and so new indices), two more where the space offers AMX, whose
+    configs gained the knob, then its 32 steps; other workloads' records stay valid."""
     base = DTYPE_VERSIONS.get(workload.dtype, VERSION)
-    return base + 1 if offers_amx(workload, target) else base
+    return base + 2 if offers_amx(workload, target) else base + (workload.op == "dense")
 
 
 def b_along_k(workload: Workload) -> bool:
@@ -162,7 +172,9 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     AMX's is 2 × 2 tiles through the whole k (dense 128×768×3072 bfloat16, 1 thread, on an Intel AMX host: 802
     GFLOPS against 621 in k-blocks of 512), dense's prefetching its weights 16 k steps ahead: they come from
     memory in a model (BERT-base's three larger dense shapes, their weights rotated through 64 copies, 2 threads:
-    10-14% faster; 768 × 768's a little slower, its weights fitting L2)."""
+    10-14% faster; 768 × 768's a little slower, its weights fitting L2). The vector families' dense prefetches 32 k
+    steps on (BERT-base's four dense shapes at 32 rows, their weights rotated, 2 threads on a Zen 5: 14-28% faster
+    than not at all, 0-13% at 16 steps)."""
     batch, m, n, k = _dims(workload)
     vec, registers = max(space_.knobs["vec"].candidates), target.vector_registers
     rows, vectors = (8, 2) if fills(8, 2, registers) else \
@@ -171,12 +183,13 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
         "tile_m": (-1, 8, rows), "tile_n": (-1, 8, vectors * vec), "tile_k": (-1, 256), "vec": vec, "unroll_k": 4,
         "order": ("no", "ko", "mo"), "inner_order": ("ni", "mi"),
         "parallel": "b" if batch > 1 else ("m" if m >= n else "n"), "pack_b": True,
+        "prefetch": 32 if workload.op == "dense" else 0,
     }
     if "isa" in space_.knobs:
         want["isa"] = space_.knobs["isa"].candidates[-1]
         if want["isa"] in AMX:  # 2 × 2 tiles of C through the whole k: every k-block stores and reloads them
             want |= {"tile_m": (-1, 2, 2 * TILE), "tile_n": (-1, 2, 2 * TILE), "tile_k": (-1, k), "unroll_k": 1,
-                     "prefetch": max(AHEAD_CHOICES) if workload.op == "dense" else 0}
+                     "prefetch": 16 if workload.op == "dense" else 0}
     return space_.nearest(want)
 
 
@@ -335,17 +348,28 @@ class _Gemm:
                 k_loop = [Loop("ki", kc // g, "tile", (Loop("r", mr, "tile", (Loop("c", nr, "tile", tuple(
                     product(r, c, q))),)),), self.config["prefetch"])] if kc >= g else []
             else:
-                k_loop = tiled("ki", kc // g, self.unroll, var("q0"), unrolled(lambda q: rows(
+                k_loop = tiled("ki", kc // g, self.unroll, var("q0"), unrolled(lambda q: self.ahead(b, (q, 0, 0)) + rows(
                     lambda r, c: product(r, c, q))))
             if kc % g:  # the last k of a k not a multiple of g, in a group the packing filled up with zeros
                 last = var("q0") + kc // g
                 k_loop += rows(lambda r, c: [s for j in range(kc % g) for s in fma(r, c, a(r, last * g + j),
                                                                                   packed(last, c, j))])
         else:
-            step = lambda k: rows(lambda r, c: fma(r, c, a(r, k), source(k, c)))
+            step = lambda k: self.ahead(b, (k, 0)) + rows(lambda r, c: fma(r, c, a(r, k), source(k, c)))
             k_loop = tiled("ki", kc, self.unroll, k0, unrolled(step))
         body = zero + k_loop + self.write_back(b, m0, n0, k0, kc, rows)
         return [Call("micro_kernel", tuple((name, value) for name, value in args), tuple(body))]
+
+    def ahead(self, b: Affine, row: tuple) -> list:
+        """Prefetches of the packed B's row `prefetch` k steps on from `row` (its first element), a cache line each:
+        bound weights come from memory in a model, and one stream of them a k step at a time leaves the memory idle
+        between misses."""
+        steps = dict(self.config.values).get("prefetch", 0)
+        if not steps or self.isa in AMX:  # AMX's tile products prefetch by their k loop's `ahead`
+            return []
+        line, width = 64 // self.bp.itemsize, self.nr * self.group  # elements of a cache line, of a k step's row
+        return [self.bp.prefetch(self._batch(b, var("p0"), *row), steps * width + column)
+                for column in range(0, width, line)]
 
     def write_back(self, b, m0, n0, k0, kc, rows):
         """C = acc on the first k-block, C += acc after (through the float32 workspace, when C is narrower); bias
