@@ -137,7 +137,7 @@ def test_a_cpu_new_to_the_op_first_measures_another_cpus_best_scaled_to_its_vect
     host, workload = Target.parse("llvm -threads=1"), dense(64, 96, 80, bias=True)
     there = get_space(workload, SSE).nearest({"tile_m": (-1, 2, 4), "tile_n": (-1, 2, 8), "vec": 4, "tile_k": (-1, 32),
                                               "unroll_k": 2, "order": ("mo", "ko", "no"), "inner_order": ("mi", "ni"),
-                                              "pack_b": True, "parallel": "none"})
+                                              "pack_b": True, "parallel": "none", "prefetch": 16})
     database = Database(f"sqlite:///{tmp_path}/t.db")
     with make_pool("local") as pool:
         measure_input = MeasureInput(workload, SSE, there)

@@ -29,6 +29,7 @@ WORKLOADS = {
 # (template, VERSION) → the hash of its configs' generated code. Kept for every version, newest last.
 HASHES = {
     ("gemm", 1): "5cfb38b3032cdde8553b38280ba0f31bb025096ce733bd444e50288a3c66f723",
+    ("gemm", 2): "8a5abefadab04955079370adaca41b127b6ecff4467906eee85c29d7ab8cc470",
     ("conv2d", 1): "94242fc8e8cf6308ef447cb5d0e6351d81cd127b8f77d624feb93fc9f2956522",
     ("gemm_cuda", 1): "77f4ed8081bde47ad93c723a9d782935140102ad6c108aa21de7c969a51dd691",
 }
@@ -71,13 +72,14 @@ def test_every_template_is_covered():
 
 def test_a_dtype_whose_configs_changed_alone_is_versioned_apart():
     """bfloat16 convolutions gained the `isa` knob and grouped layouts, int8 GEMMs another multiply: their records
-    are of another version, while float32's code (hashed above) and so its records are as they were."""
+    are of another version, while float32's code (hashed above) and so its records are as they were (GEMMs' until
+    dense's `prefetch` knob, version 2: int8's went one ahead)."""
     workload = conv2d(1, 16, 14, 14, 32, 3, 3, 1, 1)
     assert template_version(workload, CPU) == 1
     assert template_version(workload.in_dtype("bfloat16"), CPU) == 2 and "isa" in get_space(
         workload.in_dtype("bfloat16"), CPU).knobs
     gemm = GEMMS[1]  # int8's `widen` multiplies by pmaddwd
-    assert (template_version(gemm, CPU), template_version(gemm.in_dtype("int8"), CPU)) == (1, 2)
+    assert (template_version(gemm, CPU), template_version(gemm.in_dtype("int8"), CPU)) == (2, 3)
 
 
 def test_a_target_whose_configs_changed_alone_is_versioned_apart():
@@ -87,10 +89,10 @@ def test_a_target_whose_configs_changed_alone_is_versioned_apart():
     amx = Target.parse(f"llvm -mcpu=sapphirerapids -mattr={vector},+amx-tile,+amx-bf16,+amx-int8 -threads=4")
     narrowed = Target.parse(f"llvm -mcpu=sapphirerapids -mattr={vector} -threads=4")
     gemm = GEMMS[1]
-    assert [template_version(gemm.in_dtype(dtype), amx) for dtype in ("float32", "bfloat16", "int8")] == [1, 2, 3]
-    assert [template_version(gemm.in_dtype(dtype), narrowed) for dtype in ("float32", "bfloat16", "int8")] == [1, 1, 2]
-    assert "prefetch" in get_space(gemm.in_dtype("bfloat16"), amx).knobs
-    assert "prefetch" not in get_space(gemm.in_dtype("bfloat16"), narrowed).knobs
+    assert [template_version(gemm.in_dtype(dtype), amx) for dtype in ("float32", "bfloat16", "int8")] == [2, 3, 4]
+    assert [template_version(gemm.in_dtype(dtype), narrowed) for dtype in ("float32", "bfloat16", "int8")] == [2, 2, 3]
+    product = matmul(64, 48, 40, dtype="bfloat16")  # dense has the knob everywhere
+    assert "prefetch" in get_space(product, amx).knobs and "prefetch" not in get_space(product, narrowed).knobs
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))

@@ -41,8 +41,9 @@ from .epilogue import epilogue
 from .gemm_operands import gemm_operands, input_buffers
 from .register_blocks import best_blocks, fills, reduction_block, seed_blocks
 
-VERSION = 1  # bumped whenever a change alters the code generated for some config, or what a config means
-DTYPE_VERSIONS = {"int8": 2}  # int8's `widen` multiplies by pmaddwd on x86 since version 2; float32's code is as it was
+VERSION = 2  # bumped whenever a change alters the code generated for some config, or what a config means (2: dense's
+# `prefetch` knob, which gave its configs new indices)
+DTYPE_VERSIONS = {"int8": 3}  # int8's `widen` multiplies by pmaddwd on x86 since the version after 1: one ahead
 DTYPES = ("float32", "bfloat16", "int8")
 VIEWS = True  # reads batch_matmul's operands through the strides its workload gives
 VECTOR_SPLITS = ("tile_n",)  # splits whose register tile is counted in vectors: scaled with `vec` to another CPU
@@ -138,11 +139,10 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
 
 
 def version(workload: Workload, target: Target) -> int:
-    """The version of a workload's configs on a target: DTYPE_VERSIONS' (or VERSION), one more for dense, whose
-    vector micro-kernels gained the `prefetch` knob (and so new indices), two more where the space offers AMX, whose
-    configs gained the knob, then its 32 steps; other workloads' records stay valid."""
+    """The version of a workload's configs on a target: DTYPE_VERSIONS' (or VERSION), one more where the space
+    offers AMX, whose configs gained the `prefetch` knob (and so new indices); other targets' records stay valid."""
     base = DTYPE_VERSIONS.get(workload.dtype, VERSION)
-    return base + 2 if offers_amx(workload, target) else base + (workload.op == "dense")
+    return base + 1 if offers_amx(workload, target) else base
 
 
 def b_along_k(workload: Workload) -> bool:
