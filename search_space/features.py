@@ -5,8 +5,9 @@ statement, the way AutoTVM's itervar features do: per loop, from the innermost o
 its extent, kind and the iteration products above and below it, and per buffer accessed
 there the stride, the bytes touched and the reuse at that level; plus whole-program facts
 (FLOPs, the share of work in peeled tails, packed bytes, parallel width, how far ahead its
-nearest prefetch reaches, in bytes). Everything is log-scaled and measured in the program, not in knob values, so a model trained on one shape
-of an op says something about another: that is what transfer learning needs.
+nearest prefetch reaches, in bytes). Everything is log-scaled and measured in the program,
+not in knob values, so a model trained on one shape of an op says something about another:
+that is what transfer learning needs.
 `knob` features are the config's knob values themselves: cheap and exact within one space,
 meaningless across spaces.
 """

@@ -248,7 +248,8 @@ def test_dense_prefetches_its_packed_weights_as_the_prefetch_knob_says(dtype):
     assert all(config["pack_b"] for config in space.restrict({"prefetch": (4, 16, 32)}).sample(20, rng=0))
     assert "prefetch" not in get_space(matmul(20, 64, 70, dtype=dtype), target).knobs
     block = fallback_config(workload, target).to_dict() | {"tile_n": [-1, 2, 32], "unroll_k": 1}
-    assembly = lambda ahead: generated_assembly(lower(workload, target, space.config(block | {"prefetch": ahead})), target)
+    assembly = lambda ahead: generated_assembly(lower(workload, target, space.config(block | {"prefetch": ahead})),
+                                                target)
     assert assembly(32).count("prefetcht0") >= 2 and "prefetcht0" not in assembly(0)  # a row: two cache lines
     host = get_space(workload, "llvm")
     for ahead in host.knobs["prefetch"].candidates:
