@@ -173,7 +173,7 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     GFLOPS against 621 in k-blocks of 512), dense's prefetching its weights 16 k steps ahead: they come from
     memory in a model (BERT-base's three larger dense shapes, their weights rotated through 64 copies, 2 threads:
     10-14% faster; 768 × 768's a little slower, its weights fitting L2). The vector families' dense prefetches 32 k
-    steps on (BERT-base's four dense shapes at 32 rows, their weights rotated, 2 threads on a Zen 5: 14-28% faster
+    steps on (BERT-base's four dense shapes at 32 rows, their weights rotated, 2 threads on a Zen 5: 13-28% faster
     than not at all; 16 steps ahead ranged from 11% slower to 22% faster)."""
     batch, m, n, k = _dims(workload)
     vec, registers = max(space_.knobs["vec"].candidates), target.vector_registers
