@@ -17,7 +17,7 @@ from db import Database
 from db.migrate import alembic_config, current_revision
 from db.models import MeasurementRow, TargetRow, WorkloadRow
 from db.records import measurement_values, target_values, workload_values
-from search_space import host_target, matmul
+from search_space import conv2d, host_target
 
 
 @contextmanager
@@ -84,8 +84,8 @@ def test_each_downgrade_restores_the_schema_of_the_revision_before(backend, tmp_
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_measurements_of_revision_0003_get_template_version_1_and_stay_best(backend, tmp_path):
     """They were measured with the templates of version 1, so the best of a database upgraded past 0004 is the
-    best it had."""
-    workload, target = matmul(32, 32, 32), host_target()
+    best it had, for a template still at version 1 (conv2d's; the GEMMs' went on to 2)."""
+    workload, target = conv2d(1, 8, 8, 8, 8, 3, 3, 1, 1), host_target()
     with fresh_engine(backend, tmp_path / "old.db") as engine:
         migrate(engine, "0003")
         with engine.begin() as connection:
