@@ -107,21 +107,21 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
         whole = lambda r, extent: r % TILE == 0 or r == min(extent, TILE)
         return whole(tile_m[2], m) and whole(tile_n[2], n)
 
-    register_block = [(("tile_m", "tile_n", "vec"), fits)]
+    constraints = [(("tile_m", "tile_n", "vec"), fits)]
     # dense's bound weights come from memory in a model: its micro-kernel may prefetch them from the packed B
     dense = workload.op == "dense"
     streamed = lambda pack_b, prefetch: prefetch == 0 or dense and pack_b
     if dense:
         knobs.append(Knob("prefetch", "knob", AHEAD_CHOICES))
-        register_block.append((("pack_b", "prefetch"), streamed))
+        constraints.append((("pack_b", "prefetch"), streamed))
     if workload.dtype not in FAMILIES:
-        return ConfigSpace(knobs, register_block)
+        return ConfigSpace(knobs, constraints)
     generic = FAMILIES[workload.dtype][0]
     knobs.append(Knob("isa", "annotate", isas(target, workload.dtype)))
     # the special dots read the group layout of the packed B, on 16 lanes (or fewer with AVX-512 VL)
     groups_read = lambda isa, pack_b, vec: isa == generic or (pack_b and (vec == 16 or "avx512vl" in target.features))
     if not amx:
-        return ConfigSpace(knobs, register_block + [(("isa", "pack_b", "vec"), groups_read)], strata="isa")
+        return ConfigSpace(knobs, constraints + [(("isa", "pack_b", "vec"), groups_read)], strata="isa")
     if not dense:  # AMX's tile products prefetch in every op
         knobs.append(Knob("prefetch", "knob", AHEAD_CHOICES))
     a_strides = workload.operand_strides("A")
