@@ -27,7 +27,7 @@ from .llvm_codegen import CodegenError
 from .llvm_jit import CompileError
 from .reference import inference_calls
 from .result import MeasureInput, MeasureResult, Outcome
-from .timing import last_level_cache_bytes, rotated_samples, time_samples
+from .timing import rotated_samples, rotation_bytes, time_samples
 
 CACHE_PROTOCOLS = ("rotate", "flush", "warm")
 
@@ -36,8 +36,9 @@ CACHE_PROTOCOLS = ("rotate", "flush", "warm")
 class MeasureOptions:
     """The timing protocol: `repeat` samples. `cache` says how the CPU's caches stand at a timed call:
     - "rotate" (the default): single calls, each on another copy of the bound weights, twice the last-level cache
-      of copies (up to MAX_COPIES), so that each finds its weights in memory, its activations and threads warm,
-      as a layer of a model does; a workload without weights (its inputs are the op before's outputs) warm;
+      of copies (up to 256 MiB and MAX_COPIES), so that each finds its weights in memory, its activations and
+      threads warm, as a layer of a model does; a workload without weights (its inputs are the op before's outputs)
+      warm;
     - "flush": single calls, each after a write of twice the last-level cache by the kernel's threads (AutoTVM's
       advice on x86): it evicts the activations too, and it ranked some configs unlike a model does;
     - "warm": calls lasting at least `min_repeat_ms` a sample, as the benchmarks' references run.
@@ -154,7 +155,7 @@ def timed_call(kernel, inputs, options: MeasureOptions) -> TimedCall:
     if kernel.target.kind == "cuda":
         from .cuda_measure import CudaTimedCall
         return CudaTimedCall(kernel, inputs)
-    weight_bytes = 2 * last_level_cache_bytes() if options.cache == "rotate" else 0
+    weight_bytes = rotation_bytes() if options.cache == "rotate" else 0
     return HostTimedCall(*inference_calls(kernel, inputs, weight_bytes), kernel.target)
 
 
