@@ -8,6 +8,7 @@ from db.matching import fit_config, on_vectors_of
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, matmul, seed_configs
 from search_space.templates.gemm import MR_CHOICES
 from search_space.templates.register_blocks import best_blocks, fills, reduction_block
+from search_space.templates.thread_balance import thread_balance
 from tuner.tune import PROVEN, tune
 from workers import MeasureInput, build
 from workers.pool import make_pool
@@ -34,6 +35,21 @@ def test_the_fallbacks_register_block_fits_the_register_file():
         for workload in (dense(128, 768, 768), batch_matmul(12, 128, 64, 128), dense(128, 768, 768, dtype="int8")):
             fallback = fallback_config(workload, target)
             assert (fallback["tile_m"][-1], fallback["tile_n"][-1] // fallback["vec"]) == block
+
+
+def test_a_parallel_axis_is_cut_into_blocks_that_the_threads_split_evenly():
+    """N = 768 in blocks of 256 columns on 2 threads is 512 columns on one and 256 on the other; the fallback and
+    the seeds of BERT's dense shapes on 2 threads cut N into blocks the threads share evenly, the largest such
+    (of up to 8 register tiles); on 1 thread the blocks stay 8 register tiles."""
+    assert (thread_balance(768, 256, 2), thread_balance(768, 512, 2), thread_balance(768, 128, 2)) == (0.75, 0.75, 1.0)
+    assert thread_balance(100, 100, 4) == 0.25 and thread_balance(10, 4, 2) == 10 / 12
+    two = Target.parse(str(zen4()).replace("-threads=1", "-threads=2"))
+    for workload in (dense(128, 768, 768), dense(128, 768, 3072), dense(128, 2304, 768), dense(128, 3072, 768)):
+        for config in [fallback_config(workload, two)] + seed_configs(workload, two):
+            middle, register = config["tile_n"][1:]
+            assert config["parallel"] == "n" and thread_balance(workload.p["N"], middle * register, 2) == 1.0
+            assert middle == 8 or thread_balance(workload.p["N"], 2 * middle * register, 2) < 1.0
+        assert fallback_config(workload, zen4())["tile_n"][1] == 8
 
 
 def test_the_reduction_block_keeps_a_and_b_in_half_of_l1():

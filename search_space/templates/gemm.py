@@ -40,6 +40,7 @@ from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
 from .gemm_operands import gemm_operands, input_buffers
 from .register_blocks import best_blocks, fills, reduction_block, seed_blocks
+from .thread_balance import balanced_block
 
 VERSION = 2  # bumped whenever a change alters the code generated for some config, or what a config means (2: dense's
 # `prefetch` knob, which gave its configs new indices)
@@ -168,7 +169,8 @@ def isas(target: Target, dtype: str = "bfloat16") -> tuple[str, ...]:
 def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     """The untuned default: an 8×(2 vectors) register block where it fits the register file (AVX-512's 32), else the
     block `best_blocks` ranks first there (AVX2's 16: 4 × 3 vectors, where the nearest valid config to 8 × 2 is 8 × 1,
-    eight broadcasts and one load per eight multiply-adds), B packed, k-blocks of 256, rows split across threads.
+    eight broadcasts and one load per eight multiply-adds), B packed, k-blocks of 256, the larger of M and N split
+    across threads in blocks they share evenly (`balanced`).
     AMX's is 2 × 2 tiles through the whole k (dense 128×768×3072 bfloat16, 1 thread, on an Intel AMX host: 802
     GFLOPS against 621 in k-blocks of 512), dense's prefetching its weights 16 k steps ahead: they come from
     memory in a model (BERT-base's three larger dense shapes, their weights rotated through 64 copies, 2 threads:
@@ -179,12 +181,12 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     vec, registers = max(space_.knobs["vec"].candidates), target.vector_registers
     rows, vectors = (8, 2) if fills(8, 2, registers) else \
         best_blocks(MR_CHOICES, range(1, MOST_VECTORS + 1), registers)[0]
-    want = {
+    want = balanced({
         "tile_m": (-1, 8, rows), "tile_n": (-1, 8, vectors * vec), "tile_k": (-1, 256), "vec": vec, "unroll_k": 4,
         "order": ("no", "ko", "mo"), "inner_order": ("ni", "mi"),
         "parallel": "b" if batch > 1 else ("m" if m >= n else "n"), "pack_b": True,
         "prefetch": 32 if workload.op == "dense" else 0,
-    }
+    }, workload, target)
     if "isa" in space_.knobs:
         want["isa"] = space_.knobs["isa"].candidates[-1]
         if want["isa"] in AMX:  # 2 × 2 tiles of C through the whole k: every k-block stores and reloads them
@@ -205,9 +207,20 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
     if workload.op == "batch_matmul" and workload.dtype == "float32":
         base["pack_b"] = False
     itemsize, k_blocks = ITEMSIZE[gemm_operands(workload)[0].dtype], [s[1] for s in space_.knobs["tile_k"].candidates]
-    return [space_.nearest(base | {"vec": vec, "tile_m": (-1, base["tile_m"][1], mr), "tile_n": (-1, base["tile_n"][1], nr),
-                                   "tile_k": (-1, reduction_block(mr, nr, itemsize, k_blocks))})
+    return [space_.nearest(balanced(base | {"vec": vec, "tile_m": (-1, 8, mr), "tile_n": (-1, 8, nr),
+                                            "tile_k": (-1, reduction_block(mr, nr, itemsize, k_blocks))},
+                                    workload, target))
             for vec, mr, nr in seed_blocks(space_, "tile_m", "tile_n", MOST_VECTORS, target.vector_registers)]
+
+
+def balanced(want: dict, workload: Workload, target: Target) -> dict:
+    """`want` with its parallel axis in blocks of up to 8 register tiles that the target's threads split evenly
+    (`thread_balance`): 8 × 32 columns of N = 768 are three blocks, one thread's two to the other's one."""
+    axis = {"m": "tile_m", "n": "tile_n"}.get(want["parallel"])
+    if axis is None or target.threads == 1:
+        return want
+    extent, register = _dims(workload)[1 if axis == "tile_m" else 2], want[axis][2]
+    return want | {axis: (-1, balanced_block(extent, register, target.threads, BLOCK_CHOICES, 8), register)}
 
 
 class _Gemm:
