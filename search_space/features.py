@@ -5,7 +5,8 @@ statement, the way AutoTVM's itervar features do: per loop, from the innermost o
 its extent, kind and the iteration products above and below it, and per buffer accessed
 there the stride, the bytes touched and the reuse at that level; plus whole-program facts
 (FLOPs, the share of work in peeled tails, packed bytes, parallel width, how far ahead its
-nearest prefetch reaches, in bytes). Everything is log-scaled and measured in the program,
+nearest prefetch reaches, in bytes, and the share of the target's threads its parallel loop keeps
+busy). Everything is log-scaled (but that share) and measured in the program,
 not in knob values, so a model trained on one shape of an op says something about another:
 that is what transfer learning needs.
 `knob` features are the config's knob values themselves: cheap and exact within one space,
@@ -20,6 +21,7 @@ import numpy as np
 
 from .program import LOOP_KINDS, Call, If, Loop, Prefetch, Program, Store, loads, walk
 from .space import Config, ConfigSpace
+from .thread_balance import busy_share
 
 MAX_LOOPS = 12  # loop slots kept around the hottest statement, innermost first
 MAX_BUFFERS = 4  # buffer slots: the stored buffer, then loads in order of appearance
@@ -52,7 +54,21 @@ def _log(x: float) -> float:
     return math.log2(1.0 + abs(x))
 
 
-def itervar_features(program: Program, flops: int) -> np.ndarray:
+def _busy_threads(program: Program, threads: int) -> float:
+    """The share of `threads` the program's busiest parallel loop keeps working, split as the code generator splits
+    it (`busy_share`), a peeled last iteration weighed by its own work; 1 / threads where no loop is parallel."""
+    work = lambda stmts: sum(site.weight for site in _sites(stmts))
+    loops = [stmt for stage in program.stages for stmt, _, _ in walk(stage.body)
+             if isinstance(stmt, Loop) and stmt.kind == "parallel"]
+    if threads == 1 or not loops:
+        return 1.0 / threads
+    loop = max(loops, key=lambda loop: work((loop,)))
+    (tail,) = loop.body if len(loop.body) == 1 and isinstance(loop.body[0], If) else (None,)
+    works = [work(tail.then)] * (loop.extent - 1) + [work(tail.orelse)] if tail else [1.0] * loop.extent
+    return busy_share(works, threads)
+
+
+def itervar_features(program: Program, flops: int, threads: int = 1) -> np.ndarray:
     sites = [s for stage in program.stages for s in _sites(stage.body)]
     hot = max(sites, key=lambda s: s.weight)
     total = sum(s.weight for s in sites)
@@ -84,7 +100,7 @@ def itervar_features(program: Program, flops: int) -> np.ndarray:
     lead = min((s.lead * s.buffer.itemsize for stage in program.stages for s, _, _ in walk(stage.body)
                 if isinstance(s, Prefetch)), default=0)
     overall = [_log(flops), _log(total), tail_share, _log(packed), _log(registers), _log(max(parallel, default=1)),
-               _log(lead)]
+               _log(lead), _busy_threads(program, threads)]
     return np.asarray([x for row in rows for x in row] + overall, dtype=np.float32)
 
 

@@ -49,13 +49,13 @@ def test_itervar_features_of_a_hand_checkable_program():
     rows += [0.0] * (len(rows) // len(loops)) * (MAX_LOOPS - len(loops))
     flops = 2 * 6 * 10 * 5
     # FLOPs, statement runs, the hot statement's work in its peeled tail (60 of 300), packed bytes, register
-    # elements, parallel width, bytes prefetched ahead
-    whole = [log(flops), log(350), 60 / 300, log(5 * 10 * FLOAT_BYTES), log(0), log(6), log(0)]
+    # elements, parallel width, bytes prefetched ahead, the share of the threads (one) kept busy
+    whole = [log(flops), log(350), 60 / 300, log(5 * 10 * FLOAT_BYTES), log(0), log(6), log(0), 1.0]
     np.testing.assert_allclose(itervar_features(small_matmul(), flops), rows + whole, rtol=1e-6)
 
 
 def test_the_prefetch_lead_is_a_feature_in_bytes():
-    """How far ahead a dense micro-kernel prefetches its packed weights is the last whole-program feature: 32 k steps
+    """How far ahead a dense micro-kernel prefetches its packed weights is a whole-program feature: 32 k steps
     of a 32-lane float32 row, 4 KiB; none, 0. The cost model sees what the knob changes."""
     from search_space import Target, dense, fallback_config, get_space, lower
 
@@ -63,8 +63,23 @@ def test_the_prefetch_lead_is_a_feature_in_bytes():
     workload = dense(32, 768, 768)
     config = fallback_config(workload, target).to_dict() | {"tile_n": [-1, 8, 32]}
     lead = lambda ahead: itervar_features(lower(workload, target, get_space(workload, target).config(
-        config | {"prefetch": ahead})), workload.flops)[-1]
+        config | {"prefetch": ahead})), workload.flops)[-2]
     assert lead(32) == log(32 * 32 * FLOAT_BYTES) and lead(0) == 0
+
+
+def test_the_share_of_threads_kept_busy_is_a_feature():
+    """The last whole-program feature: dense's N = 768 on 2 threads in blocks of 8 × 32 columns is three blocks,
+    one thread's two to the other's one (0.75); of 4 × 32, six (1.0); of 8 × 64, 512 columns and a peeled 256
+    (0.75); run serially, half the threads idle (0.5)."""
+    from search_space import Target, dense, fallback_config, get_space, lower
+
+    target = Target.parse("llvm -mcpu=znver4 -mattr=+avx,+avx2,+fma,+avx512f -threads=2")
+    workload = dense(128, 768, 768)
+    config = fallback_config(workload, target).to_dict() | {"parallel": "n"}
+    busy = lambda **knobs: itervar_features(lower(workload, target, get_space(workload, target).config(
+        config | knobs)), workload.flops, target.threads)[-1]
+    assert busy(tile_n=[-1, 8, 32]) == 0.75 and busy(tile_n=[-1, 4, 32]) == 1.0
+    assert busy(tile_m=[-1, 8, 6], tile_n=[-1, 8, 64]) == 0.75 and busy(parallel="none") == 0.5
 
 
 def test_knob_features_are_split_factors_and_candidate_positions_in_knob_order():

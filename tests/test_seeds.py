@@ -8,7 +8,7 @@ from db.matching import fit_config, on_vectors_of
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, matmul, seed_configs
 from search_space.templates.gemm import MR_CHOICES
 from search_space.templates.register_blocks import best_blocks, fills, reduction_block
-from search_space.templates.thread_balance import thread_balance
+from search_space.thread_balance import thread_balance
 from tuner.tune import PROVEN, tune
 from workers import MeasureInput, build
 from workers.pool import make_pool

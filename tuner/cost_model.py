@@ -36,7 +36,7 @@ def features(workload: Workload, target: Target, space: ConfigSpace, config: Con
     if kind == "knob":
         return knob_features(space, config)
     whole = get_space(workload, target)  # `space` may be a restriction, with indices of its own
-    return itervar_features(lower(workload, target, whole.config(config.to_dict())), workload.flops)
+    return itervar_features(lower(workload, target, whole.config(config.to_dict())), workload.flops, target.threads)
 
 
 class XGBCostModel:

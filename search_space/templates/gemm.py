@@ -35,12 +35,12 @@ import itertools
 from ..program import ITEMSIZE, Affine, Buffer, Call, Const, If, Load, Loop, Op, Program, Stage, tile_nest, tiled, var
 from ..space import Config, ConfigSpace, Knob
 from ..target import Target
+from ..thread_balance import balanced_block
 from ..workload import Workload
 from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
 from .gemm_operands import gemm_operands, input_buffers
 from .register_blocks import best_blocks, fills, reduction_block, seed_blocks
-from .thread_balance import balanced_block
 
 VERSION = 2  # bumped whenever a change alters the code generated for some config, or what a config means (2: dense's
 # `prefetch` knob, which gave its configs new indices)

@@ -5,16 +5,20 @@ thread 512 columns and the other 256 (hot, an Intel AVX-512 host: 240-259 GFLOPS
 128, the same register block)."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
+
+
+def busy_share(works: Sequence[float], threads: int) -> float:
+    """The share of the threads' time spent working when iterations of these `works` are split that way: the work
+    over `threads` times the busiest thread's."""
+    count = len(works)
+    busiest = max(sum(works[t * count // threads:(t + 1) * count // threads]) for t in range(threads))
+    return sum(works) / (threads * busiest)
 
 
 def thread_balance(extent: int, block: int, threads: int) -> float:
-    """The share of the threads' time spent working when [0, extent) in blocks of `block` is split that way: the
-    work over `threads` times the busiest thread's."""
-    blocks = -(-extent // block)
-    sizes = [min(block, extent - i * block) for i in range(blocks)]
-    busiest = max(sum(sizes[t * blocks // threads:(t + 1) * blocks // threads]) for t in range(threads))
-    return extent / (threads * busiest)
+    """`busy_share` of [0, extent) in blocks of `block`, the last one partial."""
+    return busy_share([min(block, extent - start) for start in range(0, extent, block)], threads)
 
 
 def balanced_block(extent: int, register: int, threads: int, choices: Iterable[int], most: int) -> int:
