@@ -49,8 +49,9 @@ ROTATION_MOST = 256 << 20  # bytes of weight copies a rotated timing cycles thro
 def rotation_bytes() -> int:
     """Bytes of weight copies a rotated timing cycles through: twice the last-level cache, at most ROTATION_MOST.
     On an Intel host whose L3 reads 480 MiB, twice that had each candidate of a BERT-sized dense copy and pack 64
-    copies of its 9.4 MB weights (0.6-1.6 s of a 2-3 ms kernel's measurement, half of a 32-trial tune), to time
-    it within 6% of what 256 MiB of copies times (29 copies; 2 threads, two configs each of three dense shapes)."""
+    copies of its 9.4 MB weights (0.4-1.6 s a candidate for a 2-5 ms kernel, half of a 32-trial tune's 39 s), to
+    time it within 8% of what 256 MiB of copies times (29 copies; 2 threads, two configs each of three dense
+    shapes)."""
     return min(2 * last_level_cache_bytes(), ROTATION_MOST)
 
 
