@@ -6,7 +6,7 @@ its extent, kind and the iteration products above and below it, and per buffer a
 there the stride, the bytes touched and the reuse at that level; plus whole-program facts
 (FLOPs, the share of work in peeled tails, packed bytes, parallel width, how far ahead its
 nearest prefetch reaches, in bytes, and the share of the target's threads its parallel loop keeps
-busy). Everything is log-scaled (but that share) and measured in the program,
+busy). Everything but the two shares is log-scaled, and measured in the program,
 not in knob values, so a model trained on one shape of an op says something about another:
 that is what transfer learning needs.
 `knob` features are the config's knob values themselves: cheap and exact within one space,
