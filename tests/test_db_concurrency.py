@@ -43,6 +43,7 @@ WRITER = textwrap.dedent("""
             now = time.time()
             result = MeasureResult(Outcome.OK, (1e-6 * (n + 1),), 0.01, workload.flops, f"w{writer}", "host", now, now)
             database.record(MeasureInput(workload, target, space.get(writer * 1000 + n)), result, job_id=job)
+            time.sleep(0.005)  # as a tuning job paces its records: on a loaded 2-core host, unpaced writers ran in turn
     print(job)
 """)
 
