@@ -76,3 +76,13 @@ def test_the_rotation_binds_copies_of_the_weights_enough_to_fill_its_bytes_each_
     assert len(inference_calls(kernel, inputs, 1 << 40)[0]) == MAX_COPIES
     assert len(inference_calls(kernel, inputs)[0]) == 1
     assert len(inference_calls(build(matmul(8, 8, 8), "llvm"), matmul(8, 8, 8).random_inputs(), 1 << 20)[0]) == 1
+
+
+def test_a_rotation_cycles_through_twice_the_last_level_cache_and_256_mib_at_most(monkeypatch):
+    """On a Zen's 32 MiB L3, 64 MiB of weight copies; on an Intel host whose L3 reads 480 MiB, 256 MiB, not 960
+    (64 copies of a BERT dense's 9.4 MB weights packed for every candidate)."""
+    import workers.timing as timing
+
+    for cache, rotated in ((32 << 20, 64 << 20), (480 << 20, 256 << 20)):
+        monkeypatch.setattr(timing, "last_level_cache_bytes", lambda cache=cache: cache)
+        assert timing.rotation_bytes() == rotated

@@ -61,6 +61,7 @@ AHEAD_CHOICES = (0, 4, 16, 32)  # k steps ahead that a micro-kernel prefetches t
 NR_CHOICES = (4, 8, 12, 16, 24, 32, 48, 64)
 MOST_VECTORS = 8  # of B's columns in a register block
 BLOCK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+BLOCK_TILES = 8  # register tiles to a cache block in the fallback and seeds, fewer where threads share them unevenly
 UNROLL_CHOICES = (1, 2, 4, 8)
 
 
@@ -182,8 +183,8 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     rows, vectors = (8, 2) if fills(8, 2, registers) else \
         best_blocks(MR_CHOICES, range(1, MOST_VECTORS + 1), registers)[0]
     want = balanced({
-        "tile_m": (-1, 8, rows), "tile_n": (-1, 8, vectors * vec), "tile_k": (-1, 256), "vec": vec, "unroll_k": 4,
-        "order": ("no", "ko", "mo"), "inner_order": ("ni", "mi"),
+        "tile_m": (-1, BLOCK_TILES, rows), "tile_n": (-1, BLOCK_TILES, vectors * vec), "tile_k": (-1, 256),
+        "vec": vec, "unroll_k": 4, "order": ("no", "ko", "mo"), "inner_order": ("ni", "mi"),
         "parallel": "b" if batch > 1 else ("m" if m >= n else "n"), "pack_b": True,
         "prefetch": 32 if workload.op == "dense" else 0,
     }, workload, target)
@@ -207,20 +208,21 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
     if workload.op == "batch_matmul" and workload.dtype == "float32":
         base["pack_b"] = False
     itemsize, k_blocks = ITEMSIZE[gemm_operands(workload)[0].dtype], [s[1] for s in space_.knobs["tile_k"].candidates]
-    return [space_.nearest(balanced(base | {"vec": vec, "tile_m": (-1, 8, mr), "tile_n": (-1, 8, nr),
+    return [space_.nearest(balanced(base | {"vec": vec, "tile_m": (-1, BLOCK_TILES, mr),
+                                            "tile_n": (-1, BLOCK_TILES, nr),
                                             "tile_k": (-1, reduction_block(mr, nr, itemsize, k_blocks))},
                                     workload, target))
             for vec, mr, nr in seed_blocks(space_, "tile_m", "tile_n", MOST_VECTORS, target.vector_registers)]
 
 
 def balanced(want: dict, workload: Workload, target: Target) -> dict:
-    """`want` with its parallel axis in blocks of up to 8 register tiles that the target's threads split evenly
-    (`thread_balance`): 8 × 32 columns of N = 768 are three blocks, one thread's two to the other's one."""
+    """`want` with its parallel axis in blocks of up to BLOCK_TILES register tiles that the target's threads split
+    evenly (`thread_balance`): 8 × 32 columns of N = 768 are three blocks, one thread's two to the other's one."""
     axis = {"m": "tile_m", "n": "tile_n"}.get(want["parallel"])
-    if axis is None or target.threads == 1:
+    if axis is None:
         return want
     extent, register = _dims(workload)[1 if axis == "tile_m" else 2], want[axis][2]
-    return want | {axis: (-1, balanced_block(extent, register, target.threads, BLOCK_CHOICES, 8), register)}
+    return want | {axis: (-1, balanced_block(extent, register, target.threads, BLOCK_CHOICES, BLOCK_TILES), register)}
 
 
 class _Gemm:
