@@ -36,8 +36,8 @@ HASHES = {
 
 
 def code(workload, target: Target, index: int) -> str:
-    """The code config `index` generates for the stages a measurement times (not the constant
-    ones), LLVM IR before optimisation or CUDA C with its launches; what lowering says when it refuses the config."""
+    """The code config `index` generates for the stages a measurement times (not the constant ones), LLVM IR before
+    optimisation or CUDA C with its launches; what lowering says when it refuses the config."""
     space = get_space(workload, target)
     config = space.get(index)
     try:
