@@ -13,7 +13,7 @@ from llvmlite import ir
 from search_space import Target
 from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, Program, Stage, var
 from workers import compile_program
-from workers.llvm_amx import AMX, intrinsics
+from workers.llvm_amx import A_REGISTERS, B_REGISTERS, C_REGISTERS, STEP, TILE, Tiles
 from workers.llvm_codegen import pmaddwd
 from workers.kernel import cfunc
 from workers.llvm_jit import compile_module
@@ -71,31 +71,29 @@ def tile_peak_module(family: str) -> ir.Module:
     """`void peak(ptr tiles)`: TILE_ITERATIONS times, four tile products into four C tiles from two A and two B
     tiles loaded once (each product depends on the last into its C, four apart: enough to keep the unit busy)."""
     module = ir.Module(name=f"peak_{family}")
-    i16, i64 = ir.IntType(16), ir.IntType(64)
-    load, store, dot = intrinsics(lambda name, ret, args: ir.Function(module, ir.FunctionType(ret, args), name),
-                                  TILE_PRODUCTS[family][0])
+    i64 = ir.IntType(64)
     function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()]), "peak")
     b = ir.IRBuilder(function.append_basic_block("entry"))
-    sixteen, row = ir.Constant(i16, 16), ir.Constant(i16, 64)
+    tiles = Tiles.of(b)
     tile = lambda n: b.gep(function.args[0], [ir.Constant(i64, 1024 * n)], source_etype=ir.IntType(8))
-    a, b_ = [b.call(load, [sixteen, row, tile(n), ir.Constant(i64, 64)]) for n in (0, 1)], \
-        [b.call(load, [sixteen, row, tile(n), ir.Constant(i64, 64)]) for n in (2, 3)]
-    acc = [b.call(load, [sixteen, row, tile(4 + n), ir.Constant(i64, 64)]) for n in range(4)]
+    registers = C_REGISTERS + A_REGISTERS + B_REGISTERS  # C's four tiles, then two of A and two of B
+    tiles.configure((TILE, TILE, STEP))
+    for n, register in enumerate(registers):
+        tiles.load(register, tile(n), 64)
     entry, loop, done = b.block, function.append_basic_block("loop"), function.append_basic_block("done")
     b.branch(loop)
     b.position_at_end(loop)
-    index, carried = b.phi(i64), [b.phi(AMX) for _ in acc]
-    following = [b.call(dot, [sixteen, row, row, carried[n], a[n // 2], b_[n % 2]]) for n in range(4)]
+    index = b.phi(i64)
+    for n, c in enumerate(C_REGISTERS):
+        tiles.dot(TILE_PRODUCTS[family][0], c, A_REGISTERS[n // 2], B_REGISTERS[n % 2])
     step = b.add(index, ir.Constant(i64, 1))
     index.add_incoming(ir.Constant(i64, 0), entry)
     index.add_incoming(step, loop)
-    for phi, first, last in zip(carried, acc, following):
-        phi.add_incoming(first, entry)
-        phi.add_incoming(last, loop)
     b.cbranch(b.icmp_signed("<", step, ir.Constant(i64, TILE_ITERATIONS)), loop, done)
     b.position_at_end(done)
-    for n, value in enumerate(following):
-        b.call(store, [sixteen, row, tile(4 + n), ir.Constant(i64, 64), value])
+    for n, c in enumerate(C_REGISTERS):
+        tiles.store(c, tile(n), 64)
+    tiles.release()
     b.ret_void()
     return module
 

@@ -2,24 +2,26 @@
 AMX (narrowing the host with `-mattr=-amx-tile` takes them away on any host), every config's tiles fit the eight
 tile registers, configs of odd shapes compile to tile products on any host (assembly for a Sapphire Rapids), and, where
 the host has AMX, they compute their dtype's reference and the tile peak is measured above the AVX-512 dot's."""
+import re
+
 import pytest
 
 from bench.peak import peak_gflops, tile_peak_module
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target, lower, matmul
-from search_space.program import Buffer, Const, Loop, Op, var
+from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, var
 from search_space.templates.gemm import FAMILIES as GEMM_FAMILIES, TILE, isas
 from workers.build import generated_assembly
 from workers.llvm_codegen import CodegenError, _zeroing_before_tiles, generate
-from workers.llvm_amx import REGISTERS as TILE_REGISTERS, register_groups
+from workers.llvm_amx import CHUNK, GROUP, REGISTERS as TILE_REGISTERS, STEP, register_groups
 from workers.llvm_jit import emit_assembly
 from tests.isa_helpers import check, configs_using
 
 VECTOR = "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512bf16,+avx512vnni"
 
 
-def sapphire(*amx: str) -> Target:
+def sapphire(*amx: str, threads: int = 1) -> Target:
     """A Sapphire Rapids with AVX-512 and the AMX features `amx`: compiled to assembly on any host, never run here."""
-    return Target.parse(f"llvm -mcpu=sapphirerapids -mattr={VECTOR}{''.join(',+' + f for f in amx)} -threads=1")
+    return Target.parse(f"llvm -mcpu=sapphirerapids -mattr={VECTOR}{''.join(',+' + f for f in amx)} -threads={threads}")
 
 
 SAPPHIRE = sapphire("amx-tile", "amx-bf16", "amx-int8")
@@ -67,10 +69,35 @@ def test_every_amx_block_runs_in_register_groups_under_one_tile_configuration(fa
     assert assembly.count("ldtilecfg") == 1 and assembly.count(FAMILIES[family][1]) == 16
 
 
+def functions(assembly: str) -> dict[str, str]:
+    """The assembly of each function, by name."""
+    parts = re.split(r"^([A-Za-z_][\w.]*):$", assembly, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_stage_configures_the_tiles_once_and_a_tail_pass_its_own(family):
+    """The function that runs a stage's tile nests (each thread's share where the stage is parallel) writes the tile
+    configuration once and releases the tiles at its end; a pass of whole tiles writes none, nor does the block that
+    calls it, however many blocks there are; a pass of a tail's shape (100 rows: 4 past the last whole tile) writes its own and the stage's again."""
+    dtype = FAMILIES[family][0]
+    for threads, parallel, stage in ((1, "none", "compute"), (2, "m", "compute.chunk0")):
+        target = sapphire("amx-tile", "amx-bf16", "amx-int8", threads=threads)
+        for rows, tail_passes in ((128, 0), (100, 1)):
+            workload = dense(rows, 768, 768, dtype=dtype)
+            config = get_space(workload, target).config(fallback_config(workload, target).to_dict() | {
+                "parallel": parallel})
+            code = functions(generated_assembly(lower(workload, target, config), target))
+            passes = {name: text for name, text in code.items() if name.startswith("tiles.")}
+            assert code[stage].count("ldtilecfg") == 1 and code[stage].count("tilerelease") == 1
+            assert sorted(text.count("ldtilecfg") for text in passes.values()) == [0] * (len(passes) - tail_passes) + \
+                [2] * tail_passes
+            assert not any("ldtilecfg" in text for name, text in code.items() if name.startswith("micro_kernel"))
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_amx_configs_compile_to_tile_products_on_any_host(family):
-    """Whole tiles and every tail (rows, columns, a k step of fewer groups, an odd k) get their tile configuration:
-    LLVM allocates the tile registers of each, which it refuses when one function asks for more than it has."""
+    """Whole tiles and every tail (rows, columns, a k step of fewer groups, an odd k) compile to tile products."""
     dtype, instruction, below = FAMILIES[family]
     assembly = generated_assembly(lower(dense(64, 768, 768, dtype=dtype), SAPPHIRE, fallback_config(
         dense(64, 768, 768, dtype=dtype), SAPPHIRE)), SAPPHIRE)
@@ -132,6 +159,11 @@ def test_the_amx_family_computes_the_reference(family):
     for workload in ODD_SHAPES(FAMILIES[family][0]):
         for config in configs_using(workload, ONE, family, count=4):
             check(workload, ONE, config)
+    # 4 × 4 tiles through 10 k steps: register groups taking CHUNK steps in turn, twice, then the 2 left
+    workload = dense(64, 64, 10 * STEP * GROUP // ITEMSIZE[FAMILIES[family][0]], dtype=FAMILIES[family][0])
+    assert CHUNK == 4
+    check(workload, ONE, get_space(workload, ONE).config(fallback_config(workload, ONE).to_dict() | {
+        "tile_m": [-1, 1, 64], "tile_n": [-1, 1, 64], "tile_k": [-1, workload.p["K"]], "isa": family}))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

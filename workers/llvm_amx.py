@@ -1,42 +1,34 @@
 """AMX tile products in LLVM IR: a `tile` nest of a program (k groups, rows, columns) as tile loads, products and
-stores, through LLVM's `.internal` AMX intrinsics (shapes as operands; LLVM writes the tile configuration and
-releases the tiles at the function's end).
+stores, through the AMX intrinsics on numbered tile registers.
 
 The nest's product is C[r, c] += Σ_q Σ_j A[r, g·q + j] · B[q, c, j], with C a float32 or int32 block in memory,
 A's rows as they are (g elements of a group adjacent) and B's groups packed [q][c][g]. It runs in tiles of 16 rows ×
 16 columns of C and steps of 16 groups of k (64 bytes of a row of A; 16 rows of B), the tails in smaller tiles.
-A function configures each tile register for one shape, so tiles of each shape get functions of their own (a
-pass): C's tiles of one height and width, loaded, carried through the k steps of one depth, and stored back. A block
-of whole tiles and whole steps is one pass; the tails add a few.
+Each register has one shape under a tile configuration, so tiles of each shape get functions of their own (a pass):
+C's tiles of one height and width, loaded, carried through the k steps of one depth, and stored back. A block of
+whole tiles and whole steps is one pass; the tails add a few.
+
+The configuration is written once by the function that runs a stage's tile nests (`configure`, for the shape of
+their first pass: the whole tiles), not by each pass: writing one costs about as much as twelve tile products
+(passes that wrote their own, as LLVM's shape-carrying intrinsics have every function do, ran dense 128×3072×768
+bfloat16's fallback 9-11% slower on an Intel AMX host, one thread, hot caches). A pass of another shape writes its
+own and then the stage's again.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import groupby
+from itertools import groupby, product as pairs
 
 from llvmlite import ir
 
-I8, I16, I32, I64, PTR = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.PointerType()
+I8, I32, I64, PTR, VOID = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.PointerType(), ir.VoidType()
 TILE, STEP, GROUP = 16, 16, 4  # rows and 32-bit columns of a tile; groups of k a step takes; bytes of a group
-REGISTERS = 8  # tile registers
+REGISTERS = 8  # tile registers: C's tiles in the first four, A's in the next two, B's in the last two
+C_REGISTERS, A_REGISTERS, B_REGISTERS = (0, 1, 2, 3), (4, 5), (6, 7)
+CHUNK = 4  # k steps a pass's register groups take in turn, so that their A and B rows come again from L1 (see _pass)
 # the family's feature and its tile product
-PRODUCTS = {"dot2_amx": ("amx-bf16", "llvm.x86.tdpbf16ps.internal"), "dot4_amx": ("amx-int8", "llvm.x86.tdpbusd.internal")}
-
-
-class _Tile(ir.Type):
-    """LLVM's `x86_amx`, which llvmlite lacks: a tile register's value."""
-
-    def _to_string(self) -> str:
-        return "x86_amx"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _Tile)
-
-    def __hash__(self) -> int:
-        return hash(_Tile)
-
-
-AMX = _Tile()
+PRODUCTS = {"dot2_amx": ("amx-bf16", "llvm.x86.tdpbf16ps"), "dot4_amx": ("amx-int8", "llvm.x86.tdpbusd")}
+Shape = tuple[int, int, int]  # a pass's tiles: rows of C and A, 32-bit columns of C and B, groups of k a step takes
 
 
 @dataclass(frozen=True)
@@ -47,12 +39,71 @@ class Operand:
     stride: int
 
 
-def intrinsics(declare, product: str) -> tuple[ir.Function, ir.Function, ir.Function]:
-    """The tile load, the tile store and `product`'s tile product (shapes first: rows, bytes a row), declared
-    through `declare(name, ret, args)`."""
-    return (declare("llvm.x86.tileloadd64.internal", AMX, [I16, I16, PTR, I64]),
-            declare("llvm.x86.tilestored64.internal", ir.VoidType(), [I16, I16, PTR, I64, AMX]),
-            declare(PRODUCTS[product][1], AMX, [I16, I16, I16, AMX, AMX, AMX]))
+@dataclass(frozen=True)
+class Tiles:
+    """The tile instructions at `b`, on numbered registers, declared in its module through `declare(name, ret,
+    args)`."""
+
+    b: ir.IRBuilder
+    declare: object
+
+    @classmethod
+    def of(cls, b: ir.IRBuilder) -> Tiles:
+        """Tiles at `b`, declaring each intrinsic in its module the first time."""
+        module = b.module
+        return cls(b, lambda name, ret, args: module.globals[name] if name in module.globals else ir.Function(
+            module, ir.FunctionType(ret, args), name))
+
+    def _call(self, name: str, types: list, args: list) -> None:
+        self.b.call(self.declare(name, VOID, types), args)
+
+    def load(self, register: int, address: ir.Value, stride: int) -> None:
+        self._call("llvm.x86.tileloadd64", [I8, PTR, I64], [_byte(register), address, ir.Constant(I64, stride)])
+
+    def store(self, register: int, address: ir.Value, stride: int) -> None:
+        self._call("llvm.x86.tilestored64", [I8, PTR, I64], [_byte(register), address, ir.Constant(I64, stride)])
+
+    def zero(self, register: int) -> None:
+        self._call("llvm.x86.tilezero", [I8], [_byte(register)])
+
+    def dot(self, product: str, c: int, a: int, b: int) -> None:
+        self._call(PRODUCTS[product][1], [I8] * 3, [_byte(c), _byte(a), _byte(b)])
+
+    def configure(self, shape: Shape) -> None:
+        """Write the tile configuration of `shape` (a constant of the module's)."""
+        module, name = self.b.module, "tiles.palette." + ".".join(map(str, shape))
+        if name not in module.globals:
+            constant = ir.GlobalVariable(module, ir.ArrayType(I8, 64), name)
+            constant.global_constant, constant.linkage, constant.align = True, "internal", 64
+            constant.initializer = ir.Constant(ir.ArrayType(I8, 64), bytearray(palette(shape)))
+        address = self.b.gep(module.globals[name], [ir.Constant(I32, 0), ir.Constant(I32, 0)])
+        self._call("llvm.x86.ldtilecfg", [PTR], [address])
+
+    def release(self) -> None:
+        """Return the tiles to their initial state, so that a context switch need not save them."""
+        self._call("llvm.x86.tilerelease", [], [])
+
+
+def _byte(n: int) -> ir.Constant:
+    return ir.Constant(I8, n)
+
+
+def palette(shape: Shape) -> bytes:
+    """`ldtilecfg`'s 64 bytes for a pass of `shape`: palette 1; C's registers height rows of 4·width bytes, A's
+    height rows of GROUP·depth, B's depth rows of 4·width (bytes a row at 16 + 2·register, rows at 48 + register)."""
+    height, width, depth = shape
+    config = bytearray(64)
+    config[0] = 1
+    for registers, rows, row_bytes in ((C_REGISTERS, height, 4 * width), (A_REGISTERS, height, GROUP * depth),
+                                       (B_REGISTERS, depth, 4 * width)):
+        for register in registers:
+            config[16 + 2 * register], config[48 + register] = row_bytes, rows
+    return bytes(config)
+
+
+def first_shape(rows: int, columns: int, groups: int) -> Shape:
+    """The shape of a tile nest's first pass, its whole tiles where it has any: what its stage configures."""
+    return min(TILE, rows), min(TILE, columns), min(STEP, groups)
 
 
 def _uniform(extent: int, size: int) -> list[tuple[int, int, int]]:
@@ -62,19 +113,20 @@ def _uniform(extent: int, size: int) -> list[tuple[int, int, int]]:
             for group in [list(runs)]]
 
 
-def tile_product(b: ir.IRBuilder, declare, product: str, c: Operand, a: Operand, bp: Operand,
-                 rows: int, columns: int, groups: int, from_zero: bool = False, ahead: int = 0) -> None:
-    """C[rows × columns] += A[rows × groups] · Bp[groups × columns], one pass per shape of tiles and of k step;
-    `declare(name, ret, args)` declares an intrinsic in the module. `from_zero`: C = A · Bp, whatever C holds (the
-    first pass of each block of C's tiles starts from zero tiles, the passes of later k steps from the first's).
-    `ahead`: each k step prefetches the packed B's rows that many steps on (`_pass`)."""
+def tile_product(b: ir.IRBuilder, declare, product: str, c: Operand, a: Operand, bp: Operand, rows: int,
+                 columns: int, groups: int, configured: Shape, from_zero: bool = False, ahead: int = 0) -> None:
+    """C[rows × columns] += A[rows × groups] · Bp[groups × columns], one pass per shape of tiles and of k step,
+    under the tile configuration of shape `configured`; `declare(name, ret, args)` declares an intrinsic in the
+    module. `from_zero`: C = A · Bp, whatever C holds (the first pass of each block of C's tiles starts from zero
+    tiles, the passes of later k steps from the first's). `ahead`: each k step prefetches the packed B's rows that
+    many steps on (`_pass`)."""
     at = lambda operand, offset: b.gep(operand.base, [ir.Constant(I64, offset)], source_etype=I8)
     for r0, height, row_tiles in _uniform(rows, TILE):
         for c0, width, column_tiles in _uniform(columns, TILE):
             for k0, depth, steps in _uniform(groups, STEP):
                 shape = (height, row_tiles, width, column_tiles, depth, steps)
                 strides = (c.stride, a.stride, bp.stride)
-                function = _pass(b.module, declare, product, shape, strides, from_zero and k0 == 0, ahead)
+                function = _pass(b.module, declare, product, shape, strides, configured, from_zero and k0 == 0, ahead)
                 b.call(function, [at(c, r0 * c.stride + 4 * c0), at(a, r0 * a.stride + GROUP * k0),
                                   at(bp, GROUP * c0 + k0 * bp.stride)])
 
@@ -88,24 +140,27 @@ def register_groups(row_tiles: int, column_tiles: int) -> list[tuple[range, rang
             for i in range(0, row_tiles, rows) for j in range(0, column_tiles, columns)]
 
 
-def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple, from_zero: bool,
-          ahead: int = 0) -> ir.Function:
+def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple, configured: Shape,
+          from_zero: bool, ahead: int = 0) -> ir.Function:
     """`void (ptr C, ptr A, ptr Bp)`: C's row_tiles × column_tiles tiles += `steps` k steps of `depth` groups (C's
     tiles from zero tiles, not from C, where `from_zero`); one function per shape, strides and start in a module.
-    It runs C's tiles a register group at a time (loaded, carried through the k steps, stored), all under the one
-    tile configuration LLVM writes at its entry: writing one costs about as much as twelve tile products (78 ns on
-    an Intel AMX host). Within a step the group's smaller side's tiles are all loaded, the other side's one at a
-    time. Where `ahead` and there are several steps, each step first prefetches into L2 the rows of its B tiles
-    `ahead` steps on (past the block's last step, the rows that follow: the next panel's): in a model bound weights
-    come from memory or L3, and a tile load waits for all sixteen of its rows."""
-    ahead = ahead if shape[-1] > 1 else 0
+    It runs C's tiles a register group at a time (loaded, carried through the k steps, stored); several groups take
+    CHUNK steps in turn, so that a group reads again from L1 the A or B rows the one before it read (4 × 4 tiles
+    read 8 KB of rows a step; dense 128×3072×768 bfloat16, three register blocks, one thread, hot caches: CHUNK 4
+    1150-1270 GFLOPS, 2 1080-1110, 8 1090-1190, the whole k in one go 990-1020). Within a step the group's smaller
+    side's tiles are all loaded, the other side's one at a time, in turns between two registers. Where `ahead` and
+    there are several steps, each step first prefetches into L2 the rows of its B tiles `ahead` steps on (past the
+    block's last step, the rows that follow: the next panel's): in a model bound weights come from memory or L3,
+    and a tile load waits for all sixteen of its rows."""
+    height, row_tiles, width, column_tiles, depth, steps = shape
+    own = (height, width, depth)
+    ahead = ahead if steps > 1 else 0
     name = f"tiles.{product}.{'.'.join(map(str, shape + strides))}" + (".zero" if from_zero else "") + \
-        (f".ahead{ahead}" if ahead else "")
+        (f".ahead{ahead}" if ahead else "") + ("" if own == configured else ".in." + ".".join(map(str, configured)))
     if name in module.globals:
         return module.globals[name]
-    height, row_tiles, width, column_tiles, depth, steps = shape
     c_stride, a_stride, b_stride = strides
-    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR] * 3), name)
+    function = ir.Function(module, ir.FunctionType(VOID, [PTR] * 3), name)
     function.linkage = "internal"
     for attribute in ("noinline", "nounwind"):
         function.attributes.add(attribute)
@@ -113,64 +168,83 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
         argument.add_attribute("noalias")
     c, a, bp = function.args
     b = ir.IRBuilder(function.append_basic_block("entry"))
-    word, long = (lambda n: ir.Constant(I16, n)), (lambda n: ir.Constant(I64, n))
-    load, store, dot = intrinsics(declare, product)
-    zero = declare("llvm.x86.tilezero.internal", AMX, [I16, I16])
-    prefetch = declare("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])  # read, locality 2 (L2), data
-    tile_at = lambda base, offset, rows, row_bytes, stride: b.call(load, [word(rows), word(row_bytes), b.gep(
-        base, [offset], source_etype=I8), long(stride)])
-    c_tile = lambda i, j: (c, long(i * TILE * c_stride + 4 * TILE * j))
+    tiles, long = Tiles(b, declare), (lambda n: ir.Constant(I64, n))
+    prefetch = declare("llvm.prefetch.p0", VOID, [PTR, I32, I32, I32])  # read, locality 2 (L2), data
+    at = lambda base, offset: b.gep(base, [offset], source_etype=I8)
+    c_tile = lambda i, j: at(c, long(i * TILE * c_stride + 4 * TILE * j))
 
-    def step(k, acc: dict, rows: range, columns: range) -> dict:
-        """The group's C tiles after the k step from group `k` (an i64)."""
-        a_tile = lambda i: tile_at(a, b.add(long(i * TILE * a_stride), b.mul(k, long(GROUP))), height, GROUP * depth,
-                                   a_stride)
-        b_tile = lambda j: tile_at(bp, b.add(long(GROUP * TILE * j), b.mul(k, long(b_stride))), depth, 4 * width,
-                                   b_stride)
-        product_ = lambda tile, a_, b_: b.call(dot, [word(height), word(4 * width), word(GROUP * depth), tile, a_, b_])
+    def step(k, registers: dict, rows: range, columns: range) -> None:
+        """The group's C tiles (in `registers`) after the k step from group `k` (an i64)."""
+        a_tile = lambda i, register: tiles.load(register, at(a, b.add(long(i * TILE * a_stride),
+                                                                      b.mul(k, long(GROUP)))), a_stride)
+        b_tile = lambda j, register: tiles.load(register, at(bp, b.add(long(GROUP * TILE * j),
+                                                                        b.mul(k, long(b_stride)))), b_stride)
         for j in columns if ahead else ():
             for row in range(depth):  # one row of a B tile: 64 bytes, a cache line of the packed B
-                at = b.add(long(GROUP * TILE * j + (ahead * depth + row) * b_stride), b.mul(k, long(b_stride)))
-                b.call(prefetch, [b.gep(bp, [at], source_etype=I8), *(ir.Constant(I32, n) for n in (0, 2, 1))])
-        out = dict(acc)
+                offset = b.add(long(GROUP * TILE * j + (ahead * depth + row) * b_stride), b.mul(k, long(b_stride)))
+                b.call(prefetch, [at(bp, offset), *(ir.Constant(I32, n) for n in (0, 2, 1))])
         if len(rows) <= len(columns):
-            a_tiles = {i: a_tile(i) for i in rows}
-            for j in columns:
-                b_j = b_tile(j)
-                for i in rows:
-                    out[i, j] = product_(out[i, j], a_tiles[i], b_j)
-        else:
-            b_tiles = {j: b_tile(j) for j in columns}
+            a_of = dict(zip(rows, A_REGISTERS))
             for i in rows:
-                a_i = a_tile(i)
+                a_tile(i, a_of[i])
+            for turn, j in enumerate(columns):
+                b_tile(j, B_REGISTERS[turn % 2])
+                for i in rows:
+                    tiles.dot(product, registers[i, j], a_of[i], B_REGISTERS[turn % 2])
+        else:
+            b_of = dict(zip(columns, B_REGISTERS))
+            for j in columns:
+                b_tile(j, b_of[j])
+            for turn, i in enumerate(rows):
+                a_tile(i, A_REGISTERS[turn % 2])
                 for j in columns:
-                    out[i, j] = product_(out[i, j], a_i, b_tiles[j])
-        return out
+                    tiles.dot(product, registers[i, j], A_REGISTERS[turn % 2], b_of[j])
 
-    for rows, columns in register_groups(row_tiles, column_tiles):
-        acc = {(i, j): b.call(zero, [word(height), word(4 * width)]) if from_zero else
-               tile_at(*c_tile(i, j), height, 4 * width, c_stride) for i in rows for j in columns}
-        if steps == 1:
-            acc = step(long(0), acc, rows, columns)
-        else:  # a loop whose phis carry the group's C tiles
-            entry = b.block
-            loop, done = function.append_basic_block("steps"), function.append_basic_block("done")
-            b.branch(loop)
-            b.position_at_end(loop)
-            index = b.phi(I64, name="step")
-            carried = {key: b.phi(AMX) for key in acc}
-            acc_next = step(b.mul(index, long(depth)), carried, rows, columns)
-            following = b.add(index, long(1))
-            index.add_incoming(long(0), entry)
-            index.add_incoming(following, b.block)
-            for key, phi in carried.items():
-                phi.add_incoming(acc[key], entry)
-                phi.add_incoming(acc_next[key], b.block)
-            b.cbranch(b.icmp_signed("<", following, long(steps)), loop, done)
-            b.position_at_end(done)
-            acc = acc_next
-        for (i, j), tile in acc.items():
-            base, offset = c_tile(i, j)
-            b.call(store, [word(height), word(4 * width), b.gep(base, [offset], source_etype=I8), long(c_stride), tile])
+    groups = register_groups(row_tiles, column_tiles)
+    chunk = min(steps, CHUNK) if len(groups) > 1 else steps
+
+    def run(first, count: int, zeroed: bool = False) -> None:
+        """Every group's C tiles through `count` k steps from step `first` (an i64), from zero tiles where
+        `zeroed`."""
+        for rows, columns in groups:
+            registers = dict(zip(pairs(rows, columns), C_REGISTERS))
+            for (i, j), register in registers.items():
+                if zeroed:
+                    tiles.zero(register)
+                else:
+                    tiles.load(register, c_tile(i, j), c_stride)
+            at_step = lambda s: step(b.mul(b.add(first, s), long(depth)), registers, rows, columns)
+            if count == 1:
+                at_step(long(0))
+            else:
+                _counted(b, function, count, at_step)
+            for (i, j), register in registers.items():
+                tiles.store(register, c_tile(i, j), c_stride)
+
+    if own != configured:
+        tiles.configure(own)
+    whole, rest = divmod(steps, chunk)
+    run(long(0), chunk, from_zero)
+    if whole > 1:
+        _counted(b, function, whole - 1, lambda n: run(b.mul(b.add(n, long(1)), long(chunk)), chunk))
+    if rest:
+        run(long(whole * chunk), rest)
+    if own != configured:
+        tiles.configure(configured)
     b.ret_void()
     return function
+
+
+def _counted(b: ir.IRBuilder, function: ir.Function, count: int, body) -> None:
+    """`body(index)` for index 0..count-1 (an i64), as a loop."""
+    entry = b.block
+    loop, done = function.append_basic_block("loop"), function.append_basic_block("done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    index = b.phi(I64)
+    body(index)
+    following = b.add(index, ir.Constant(I64, 1))
+    index.add_incoming(ir.Constant(I64, 0), entry)
+    index.add_incoming(following, b.block)
+    b.cbranch(b.icmp_signed("<", following, ir.Constant(I64, count)), loop, done)
+    b.position_at_end(done)

@@ -37,7 +37,7 @@ from llvmlite import ir
 from search_space.program import (ITEMSIZE, Affine, Buffer, Call, Const, If, Load, Loop, Op, Prefetch, Program, Stage,
                                   Store, Value, walk)
 
-from .llvm_amx import PRODUCTS, Operand, tile_product
+from .llvm_amx import PRODUCTS, Operand, Shape, Tiles, first_shape, tile_product
 
 F32, I8, I16, I32, I64, PTR = ir.FloatType(), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.PointerType()
 VOID = ir.VoidType()
@@ -130,6 +130,7 @@ class LLVMCodegen:
         self.registers = program.scope("register")
         self._intrinsics: dict[str, ir.Function] = {}
         self._subroutines: dict[tuple, ir.Function] = {}
+        self._configured: Shape | None = None  # the tile configuration the function being emitted runs under
 
     def generate(self) -> ir.Module:
         for stage in self.program.stages:
@@ -160,16 +161,30 @@ class LLVMCodegen:
             if isinstance(stmt, Loop) and stmt.kind == "parallel" and self.threads > 1:
                 self._parallel(main, self._chunk(f"{stage.name}.chunk{i}", stmt), stmt.extent)
             else:
-                self.stmts(main, (stmt,))
+                self._tiled(main, (stmt,), lambda: self.stmts(main, (stmt,)))
         main.builder.ret_void()
 
     def _chunk(self, name: str, loop: Loop) -> ir.Function:
         """`void chunk(bufs..., i64 lo, i64 hi)`: iterations lo..hi of a parallel loop, with noalias buffers."""
         f = self._function(name, [I64, I64])
         lo, hi = f.fn.args[-2:]
-        self._counted(f, loop.var, lo, hi, loop.body, guarded=True)
+        self._tiled(f, loop.body, lambda: self._counted(f, loop.var, lo, hi, loop.body, guarded=True))
         f.builder.ret_void()
         return f.fn
+
+    def _tiled(self, f: _Function, stmts, emit) -> None:
+        """emit(), under the tile configuration of the first tile nest in `stmts` where there is one (written
+        before, the tiles released after): each thread's share of a stage writes it once (llvm_amx)."""
+        nest = next((stmt for stmt, _, _ in walk(stmts) if isinstance(stmt, Loop) and stmt.kind == "tile"), None)
+        if nest is None:
+            return emit()
+        rows, columns, _ = _tile_parts(nest)
+        self._configured = first_shape(rows.extent, columns.extent, nest.extent)
+        tiles = Tiles(f.builder, self._extern)
+        tiles.configure(self._configured)
+        emit()
+        tiles.release()
+        self._configured = None
 
     def _parallel(self, caller: _Function, chunk: ir.Function, extent: int) -> None:
         """Outline a worker `void(ptr args)` that splits [0, extent) evenly by thread id, and launch it."""
@@ -273,7 +288,7 @@ class LLVMCodegen:
         if vector is not None:
             raise CodegenError(f"call of {stmt.name} inside vectorized loop {vector.var}")
         names = tuple(name for name, _ in stmt.args)
-        key = (stmt.name, names, stmt.body)
+        key = (stmt.name, names, stmt.body, self._configured)
         if key not in self._subroutines:
             sub = self._function(f"{stmt.name}.{len(self._subroutines)}", [I64] * len(names))
             sub.fn.attributes.add("noinline")
@@ -315,7 +330,8 @@ class LLVMCodegen:
             return Operand(base, offset.coeff(row) * load.buffer.itemsize)
 
         tile_product(f.builder, self._extern, op.name, operand(store, c_offset, r), operand(terms[0], a_offset, r),
-                     operand(terms[1], b_offset, q), rows.extent, columns.extent, nest.extent, from_zero, nest.ahead)
+                     operand(terms[1], b_offset, q), rows.extent, columns.extent, nest.extent, self._configured,
+                     from_zero, nest.ahead)
         f.forget(store.buffer.name)
 
     def interleaved_copy(self, f: _Function, vector: _Vector, group: Loop, store: Store) -> None:
