@@ -86,11 +86,16 @@ def test_seeds_are_the_best_blocks_at_the_two_widest_vectors(target, workload):
         assert fallback["pack_b"] and [seed["pack_b"] for seed in seeds] == [workload.op != "batch_matmul"] * 4
 
 
-def test_amx_seeds_nothing_but_the_narrowed_target_gets_its_vector_family():
-    """An AMX target's fallback is already a block of tiles; without AMX, the seeds are AVX-512 BF16's."""
+def test_amx_seeds_its_larger_block_of_tiles_and_the_narrowed_target_gets_its_vector_family():
+    """An AMX target's fallback is a block of 2 × 2 tiles, its seed the same in 4 × 4; without AMX, the seeds are
+    AVX-512 BF16's."""
     workload = dense(128, 768, 768, dtype="bfloat16")
-    assert fallback_config(workload, zen4("avx512bf16", "amx-tile", "amx-bf16"))["isa"] == "amx-bf16"
-    assert seed_configs(workload, zen4("avx512bf16", "amx-tile", "amx-bf16")) == []
+    amx = zen4("avx512bf16", "amx-tile", "amx-bf16")
+    fallback, (seed,) = fallback_config(workload, amx), seed_configs(workload, amx)
+    assert fallback["isa"] == seed["isa"] == "amx-bf16"
+    assert (fallback["tile_m"][2], fallback["tile_n"][2], seed["tile_m"][2], seed["tile_n"][2]) == (32, 32, 64, 64)
+    assert {knob: value for knob, value in seed.to_dict().items() if knob not in ("tile_m", "tile_n")} == \
+        {knob: value for knob, value in fallback.to_dict().items() if knob not in ("tile_m", "tile_n")}
     narrowed = seed_configs(workload, zen4("avx512bf16"))
     assert len(narrowed) == 4 and {seed["isa"] for seed in narrowed} == {"avx512bf16"}
 

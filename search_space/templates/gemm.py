@@ -173,9 +173,10 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     eight broadcasts and one load per eight multiply-adds), B packed, k-blocks of 256, the larger of M and N split
     across threads in blocks they share evenly (`balanced`).
     AMX's is 2 × 2 tiles through the whole k (dense 128×768×3072 bfloat16, 1 thread, on an Intel AMX host: 802
-    GFLOPS against 621 in k-blocks of 512), dense's prefetching its weights 16 k steps ahead: they come from
-    memory in a model (BERT-base's three larger dense shapes, their weights rotated through 64 copies, 2 threads:
-    10-14% faster; 768 × 768's a little slower, its weights fitting L2). The vector families' dense prefetches 32 k
+    GFLOPS against 621 in k-blocks of 512), prefetching nothing: with their weights from memory, as in a model
+    (rotated through copies, 2 threads), BERT-base's three 128-row dense shapes ran 1045-1392 GFLOPS so, 962-1287
+    prefetching them 16 k steps ahead, 1054-1165 in 4 × 4 tiles (a seed: hot, those are 5-15% faster). The vector
+    families' dense prefetches 32 k
     steps on (BERT-base's four dense shapes at 32 rows, their weights rotated, 2 threads on a Zen 5: 13-28% faster
     than not at all; 16 steps ahead ranged from 11% slower to 22% faster)."""
     batch, m, n, k = _dims(workload)
@@ -192,7 +193,7 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
         want["isa"] = space_.knobs["isa"].candidates[-1]
         if want["isa"] in AMX:  # 2 × 2 tiles of C through the whole k: every k-block stores and reloads them
             want |= {"tile_m": (-1, 2, 2 * TILE), "tile_n": (-1, 2, 2 * TILE), "tile_k": (-1, k), "unroll_k": 1,
-                     "prefetch": 16 if workload.op == "dense" else 0}
+                     "prefetch": 0}
     return space_.nearest(want)
 
 
@@ -201,10 +202,11 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
     `seed_blocks`, k in blocks whose A rows and B panel fit half of L1, the rest as the fallback. A float32
     batch_matmul's seeds read B in place: its B is an activation, packed again at every call, and unpacked the
     seed blocks of BERT's attention products ran 9-18% faster on an Intel AVX-512 host (the fallback, measured
-    before them, packs it: the first batch has both). None for AMX, whose tile block the fallback already is."""
+    before them, packs it: the first batch has both). AMX's is the fallback's in 4 × 4 tiles."""
     base = dict(fallback(workload, target, space_).values)
     if base.get("isa") in AMX:
-        return []
+        return [space_.nearest(balanced(base | {"tile_m": (-1, 1, 4 * TILE), "tile_n": (-1, 2, 4 * TILE)}, workload,
+                                        target))]
     if workload.op == "batch_matmul" and workload.dtype == "float32":
         base["pack_b"] = False
     itemsize, k_blocks = ITEMSIZE[gemm_operands(workload)[0].dtype], [s[1] for s in space_.knobs["tile_k"].candidates]
