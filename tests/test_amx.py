@@ -79,7 +79,8 @@ def functions(assembly: str) -> dict[str, str]:
 def test_a_stage_configures_the_tiles_once_and_a_tail_pass_its_own(family):
     """The function that runs a stage's tile nests (each thread's share where the stage is parallel) writes the tile
     configuration once and releases the tiles at its end; a pass of whole tiles writes none, nor does the block that
-    calls it, however many blocks there are; a pass of a tail's shape (100 rows: 4 past the last whole tile) writes its own and the stage's again."""
+    calls it, however many blocks there are; a pass of a tail's shape (100 rows: 4 past the last whole tile) writes
+    its own and then the stage's again."""
     dtype = FAMILIES[family][0]
     for threads, parallel, stage in ((1, "none", "compute"), (2, "m", "compute.chunk0")):
         target = sapphire("amx-tile", "amx-bf16", "amx-int8", threads=threads)
@@ -159,9 +160,9 @@ def test_the_amx_family_computes_the_reference(family):
     for workload in ODD_SHAPES(FAMILIES[family][0]):
         for config in configs_using(workload, ONE, family, count=4):
             check(workload, ONE, config)
-    # 4 × 4 tiles through 10 k steps: register groups taking CHUNK steps in turn, twice, then the 2 left
-    workload = dense(64, 64, 10 * STEP * GROUP // ITEMSIZE[FAMILIES[family][0]], dtype=FAMILIES[family][0])
-    assert CHUNK == 4
+    # 4 × 4 tiles through 2·CHUNK + 2 k steps: register groups taking CHUNK steps in turn, twice, then the 2 left
+    steps = 2 * CHUNK + 2
+    workload = dense(64, 64, steps * STEP * GROUP // ITEMSIZE[FAMILIES[family][0]], dtype=FAMILIES[family][0])
     check(workload, ONE, get_space(workload, ONE).config(fallback_config(workload, ONE).to_dict() | {
         "tile_m": [-1, 1, 64], "tile_n": [-1, 1, 64], "tile_k": [-1, workload.p["K"]], "isa": family}))
 

@@ -102,8 +102,9 @@ def palette(shape: Shape) -> bytes:
 
 
 def first_shape(rows: int, columns: int, groups: int) -> Shape:
-    """The shape of a tile nest's first pass, its whole tiles where it has any: what its stage configures."""
-    return min(TILE, rows), min(TILE, columns), min(STEP, groups)
+    """The shape of a tile nest's first pass (`tile_product`'s first runs: whole tiles where it has any): what its
+    stage configures."""
+    return tuple(_uniform(extent, size)[0][1] for extent, size in ((rows, TILE), (columns, TILE), (groups, STEP)))
 
 
 def _uniform(extent: int, size: int) -> list[tuple[int, int, int]]:
@@ -147,7 +148,7 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
     It runs C's tiles a register group at a time (loaded, carried through the k steps, stored); several groups take
     CHUNK steps in turn, so that a group reads again from L1 the A or B rows the one before it read (4 × 4 tiles
     read 8 KB of rows a step; dense 128×3072×768 bfloat16, three register blocks, one thread, hot caches: CHUNK 4
-    1150-1270 GFLOPS, 2 1080-1110, 8 1090-1190, the whole k in one go 990-1020). Within a step the group's smaller
+    1158-1268 GFLOPS, 2 1077-1112, 8 1085-1191, the whole k in one go 992-1019). Within a step the group's smaller
     side's tiles are all loaded, the other side's one at a time, in turns between two registers. Where `ahead` and
     there are several steps, each step first prefetches into L2 the rows of its B tiles `ahead` steps on (past the
     block's last step, the rows that follow: the next panel's): in a model bound weights come from memory or L3,

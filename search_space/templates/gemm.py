@@ -175,10 +175,10 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     AMX's is 2 × 2 tiles through the whole k (dense 128×768×3072 bfloat16, 1 thread, on an Intel AMX host: 802
     GFLOPS against 621 in k-blocks of 512), prefetching nothing: with their weights from memory, as in a model
     (rotated through copies, 2 threads), BERT-base's three 128-row dense shapes ran 1045-1392 GFLOPS so, 962-1287
-    prefetching them 16 k steps ahead, 1054-1165 in 4 × 4 tiles (a seed: hot, those are 5-15% faster). The vector
-    families' dense prefetches 32 k
-    steps on (BERT-base's four dense shapes at 32 rows, their weights rotated, 2 threads on a Zen 5: 13-28% faster
-    than not at all; 16 steps ahead ranged from 11% slower to 22% faster)."""
+    prefetching them 16 k steps ahead, 1054-1165 in 4 × 4 tiles (a seed: hot, those ran 10-21% faster on two of the
+    three, 8-10% slower on K = 3072). The vector families' dense prefetches 32 k steps on (BERT-base's four dense
+    shapes at 32 rows, their weights rotated, 2 threads on a Zen 5: 13-28% faster than not at all; 16 steps ahead
+    ranged from 11% slower to 22% faster)."""
     batch, m, n, k = _dims(workload)
     vec, registers = max(space_.knobs["vec"].candidates), target.vector_registers
     rows, vectors = (8, 2) if fills(8, 2, registers) else \
