@@ -11,7 +11,7 @@ whole tiles and whole steps is one pass; the tails add a few.
 The configuration is written once by the function that runs a stage's tile nests (`configure`, for the shape of
 their first pass: the whole tiles), not by each pass: writing one costs about as much as twelve tile products
 (passes that wrote their own, as LLVM's shape-carrying intrinsics have every function do, ran dense 128×3072×768
-bfloat16's fallback 9-11% slower on an Intel AMX host, one thread, hot caches). A pass of another shape writes its
+bfloat16's fallback 8-11% slower on an Intel AMX host, one thread, hot caches). A pass of another shape writes its
 own and then the stage's again.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from llvmlite import ir
 
 I8, I32, I64, PTR, VOID = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.PointerType(), ir.VoidType()
 TILE, STEP, GROUP = 16, 16, 4  # rows and 32-bit columns of a tile; groups of k a step takes; bytes of a group
-REGISTERS = 8  # tile registers: C's tiles in the first four, A's in the next two, B's in the last two
-C_REGISTERS, A_REGISTERS, B_REGISTERS = (0, 1, 2, 3), (4, 5), (6, 7)
+C_REGISTERS, A_REGISTERS, B_REGISTERS = (0, 1, 2, 3), (4, 5), (6, 7)  # the tile registers each operand's tiles use
+REGISTERS = len(C_REGISTERS + A_REGISTERS + B_REGISTERS)  # tile registers: eight
 CHUNK = 4  # k steps a pass's register groups take in turn, so that their A and B rows come again from L1 (see _pass)
 # the family's feature and its tile product
 PRODUCTS = {"dot2_amx": ("amx-bf16", "llvm.x86.tdpbf16ps"), "dot4_amx": ("amx-int8", "llvm.x86.tdpbusd")}
