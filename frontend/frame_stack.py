@@ -1,0 +1,49 @@
+"""Compiled graphs called clear of CPython's frame-stack thrashing (python/cpython#142183, fixed in 3.13).
+
+Up to 3.12 a thread's Python frames live in chunks of 16 KiB, and a chunk is unmapped as soon as the last frame in
+it returns. Where a compiled graph's function sits near the end of a chunk, every call it makes (dozens of tuned ops
+a forward) crosses into a new chunk and back: mmap, page faults, munmap and a TLB shootdown on the core running the
+kernel's other thread, each time. Whether a process meets it depends only on how deep its caller's stack is: BERT-base
+at sequence 32 on a 2-core Zen 5 ran 23-26 ms a forward from `tensortune bench model` and 16-17.5 from a script
+calling the same function (19,800 page faults in 10 s of timing against 2,900). `on_fresh_chunk` calls the graph
+from a frame too large for any chunk already in use, so CPython gives that frame a chunk of its own, twice its
+size, and the graph runs in the other half: one chunk mapped a call, at a depth its callers cannot move.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable
+
+CHUNK_SLOTS = 16 * 1024 // 8  # pointers in CPython's standard data-stack chunk (DATA_STACK_CHUNK_SIZE)
+THRASHES = sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:2] < (3, 13)
+
+
+def _trampoline() -> Callable:
+    """`call(fn, args)`: fn(*args) from a frame of a whole standard chunk of local slots (names only deleted in
+    dead code, so none is ever set)."""
+    names = ", ".join(f"_{index}" for index in range(CHUNK_SLOTS))
+    namespace: dict = {}
+    exec(f"def call(fn, args):\n    if False:\n        del {names}\n    return fn(*args)\n", namespace)
+    return namespace["call"]
+
+
+TRAMPOLINE = _trampoline() if THRASHES else None
+
+
+def call_on_fresh_chunk(fn: Callable, args: tuple):
+    """fn(*args), from the top of a data-stack chunk of its own where CPython thrashes."""
+    return TRAMPOLINE(fn, args) if TRAMPOLINE is not None else fn(*args)
+
+
+def on_fresh_chunk(fn: Callable) -> Callable:
+    """`fn`, always called through call_on_fresh_chunk (`fn` itself where CPython does not thrash). Attributes of
+    `fn` (Dynamo's `_boxed_call`) carry over."""
+    if TRAMPOLINE is None:
+        return fn
+
+    @functools.wraps(fn)
+    def called(*args):
+        return TRAMPOLINE(fn, args)
+
+    return called
