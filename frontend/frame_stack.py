@@ -4,10 +4,10 @@ Up to 3.12 a thread's Python frames live in chunks of 16 KiB, and a chunk is unm
 it returns. Where a compiled graph's function sits near the end of a chunk, every call it makes (dozens of tuned ops
 a forward) crosses into a new chunk and back: mmap, page faults, munmap and a TLB shootdown on the core running the
 kernel's other thread, each time. Whether a process meets it depends only on how deep its caller's stack is: BERT-base
-at sequence 32 on a 2-core Zen 5 ran 23-26 ms a forward from `tensortune bench model` and 16-17.5 from a script
-calling the same function (19,800 page faults in 10 s of timing against 2,900). `on_fresh_chunk` calls the graph
-from a frame too large for any chunk already in use, so CPython gives that frame a chunk of its own, twice its
-size, and the graph runs in the other half: one chunk mapped a call, at a depth its callers cannot move.
+at sequence 32 on a 2-core Zen 5 ran 22.7-26.7 ms a forward from `tensortune bench model` and 15.7-18.3 from a
+script calling the same function (19,800 page faults in 10 s of timing against 2,900). `on_fresh_chunk` calls the
+graph from a frame larger than a standard chunk, so CPython maps that frame a chunk of its own (32 KiB) and the graph
+runs in the 16 KiB left above it: one chunk mapped a call, at a depth its callers cannot move.
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def call_on_fresh_chunk(fn: Callable, args: tuple):
 
 
 def on_fresh_chunk(fn: Callable) -> Callable:
-    """`fn`, always called through call_on_fresh_chunk (`fn` itself where CPython does not thrash). Attributes of
-    `fn` (Dynamo's `_boxed_call`) carry over."""
+    """`fn`, called as call_on_fresh_chunk calls it (`fn` itself where CPython does not thrash). Attributes of `fn`
+    (Dynamo's `_boxed_call`) carry over."""
     if TRAMPOLINE is None:
         return fn
 
