@@ -1,5 +1,6 @@
 """PyTorch models through tensortune: the tasks found in their graphs, and torch.compile(backend="tensortune")
 computing what eager PyTorch computes, on the presets and on models written here."""
+import inspect
 import logging
 import re
 import subprocess
@@ -158,7 +159,12 @@ def test_each_shape_runs_the_config_stored_for_it(tmp_path):
     with torch.inference_mode():
         forward = compile_graph(captured.graph, captured.inputs, database.url, str(target))
         assert torch.allclose(forward(*captured.inputs)[0], model(x), atol=1e-5)
-    assert built_configs(forward.__self__) == best
+    assert built_configs(graph_of(forward)) == best
+
+
+def graph_of(forward) -> fx.GraphModule:
+    """The module whose forward compile_graph returned (through frontend.frame_stack's wrapper, where it wraps)."""
+    return inspect.unwrap(forward).__self__
 
 
 def tuned_ops(graph: fx.GraphModule) -> list[TunedOp]:
@@ -178,7 +184,7 @@ def recording_compile(model, db: str):
 
     def backend(graph, example_inputs):
         forward = compile_graph(graph, example_inputs, db)
-        graphs.append(forward.__self__)
+        graphs.append(graph_of(forward))
         return forward
     torch._dynamo.reset()  # as compiled_output does
     return torch.compile(model, backend=backend), graphs
@@ -285,7 +291,7 @@ def test_a_size_the_weights_fix_that_varies_runs_in_pytorch_said_in_one_line(tmp
     with torch.inference_mode(), caplog.at_level(logging.INFO, logger="tensortune.frontend"):
         forward = compile_graph(captured.graph, captured.inputs, f"sqlite:///{tmp_path}/empty.db")
         assert torch.allclose(forward(*captured.inputs)[0], model(*inputs), atol=1e-5)
-    assert [op.label for op in tuned_ops(forward.__self__)] == ["dense M=4 N=8 K=32 bias=true"]
+    assert [op.label for op in tuned_ops(graph_of(forward))] == ["dense M=4 N=8 K=32 bias=true"]
     [said] = [line for line in frontend_lines(caplog) if "run in PyTorch" in line]
     assert said == ("tensortune: 2 op(s) run in PyTorch (the size its weight fixes (K) changes between calls): "
                     "left (linear); right (linear)")
