@@ -4,7 +4,8 @@ Each tuned op of the model (a task, as extract_tasks finds it) is timed three wa
 kernel call of the tensortune backend timed by the clock around it (weights coming from memory, threads woken
 between PyTorch's operators; torch.profiler's events added up to 65 µs a call, twice a small kernel's time);
 alone, its kernel with the config the backend picks, weights bound; and alone, the PyTorch operators eager runs
-for it (dense's bias and activation included), alternating with the kernel. Counted as often
+for it (dense's bias and activation included), alternating with the kernel; a dense op also beside oneDNN's
+packed linear, what Inductor's max-autotune with freezing runs for it where it picks oneDNN. Counted as often
 as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the kernels do
 not account for of tensortune's time in the model is the time outside them; eager's is estimated from its
 operators' times alone."""
@@ -20,6 +21,8 @@ from search_space import Target, Workload
 from workers.reference import head_to_head, inference_call, int8_calls, torch_conv2d, torch_epilogue
 from workers.torch_arrays import torch_tensor
 
+# oneDNN's fused post-op (attribute, algorithm) for each dense epilogue
+ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}
 PREFIX = "tensortune "  # the backend's names of its kernel calls: this and the workload's key
 FORWARDS = 10  # forward passes whose kernel calls are timed
 
@@ -41,6 +44,20 @@ def torch_op(workload: Workload, inputs: list, threads: int) -> Callable:
     return lambda: torch.matmul(*tensors)
 
 
+def onednn_linear(workload: Workload, inputs: list) -> Callable | None:
+    """Dense as Inductor's max-autotune with freezing runs it where it picks oneDNN: the weight reordered once for
+    the batch size, the epilogue a fused post-op (`torch.ops.mkldnn._linear_pointwise`). None for other ops, int8
+    and a PyTorch without oneDNN."""
+    import torch
+
+    if workload.op != "dense" or workload.dtype == "int8" or not torch.backends.mkldnn.is_available():
+        return None
+    x, w, *bias = [torch_tensor(a) for a in inputs]
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, x.shape[0])
+    attribute, algorithm = ONEDNN_EPILOGUES[workload.p["epilogue"]]
+    return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias[0] if bias else None, attribute, [], algorithm)
+
+
 def in_model_seconds(compiled, inputs: tuple) -> dict[str, float]:
     """Seconds per call of each tuned kernel (by workload key), the median over FORWARDS calls of the compiled
     model."""
@@ -54,8 +71,8 @@ def in_model_seconds(compiled, inputs: tuple) -> dict[str, float]:
 
 
 def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str) -> list[dict]:
-    """Per task: µs per call in the model and alone, PyTorch's alone, and the ms per forward pass tensortune
-    loses alone (negative: wins); the largest loss first."""
+    """Per task: µs per call in the model and alone, PyTorch's alone (and oneDNN's packed linear's, for dense), and
+    the ms per forward pass tensortune loses alone against PyTorch (negative: wins); the largest loss first."""
     from frontend.shapes import Kernels
 
     target_ = Target.parse(target)
@@ -65,13 +82,15 @@ def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str
     for task in tasks:
         inputs = task.workload.random_inputs()
         tuned, _ = inference_call(kernels.get(task.workload), inputs)
-        seconds = head_to_head({"tensortune": tuned,
-                                "torch": torch_op(task.workload, inputs, target_.threads)},
-                               target_.threads, rounds=3)
+        calls = {"tensortune": tuned, "torch": torch_op(task.workload, inputs, target_.threads),
+                 "onednn": onednn_linear(task.workload, inputs)}
+        seconds = head_to_head({way: call for way, call in calls.items() if call is not None}, target_.threads,
+                               rounds=3)
         key = task.workload.key
         rows.append({"workload": key, "weight": task.weight,
                      "in_model_us": round(in_model[key] * 1e6, 1) if key in in_model else None,
                      "tensortune_us": round(seconds["tensortune"] * 1e6, 1), "torch_us": round(seconds["torch"] * 1e6, 1),
+                     "onednn_us": round(seconds["onednn"] * 1e6, 1) if "onednn" in seconds else None,
                      "loss_ms": round(task.weight * (seconds["tensortune"] - seconds["torch"]) * 1e3, 3)})
     return sorted(rows, key=lambda row: -row["loss_ms"])
 
@@ -88,12 +107,15 @@ def print_profile(row: dict) -> None:
     at = f" at sequence length {row['seq_len']}" if row["seq_len"] else ""
     table = Table(title=f"{row['model']}{at}: each tuned op per call, in the model and alone beside PyTorch's "
                         f"operators for it (same run), the largest loss per forward pass first", title_justify="left")
-    for column in ("weight", "workload", "in model µs", "alone µs", "PyTorch µs", "speedup alone", "loss ms/forward"):
+    for column in ("weight", "workload", "in model µs", "alone µs", "PyTorch µs", "speedup alone", "loss ms/forward",
+                   "oneDNN packed µs"):
         table.add_column(column)
     for op in row["profile"]:
-        in_model = f"{op['in_model_us']:.1f}" if op["in_model_us"] is not None else "-"
+        in_model, onednn = (f"{op[key]:.1f}" if op.get(key) is not None else "-"
+                            for key in ("in_model_us", "onednn_us"))
         table.add_row(str(op["weight"]), Workload.from_key(op["workload"]).label, in_model, f"{op['tensortune_us']:.1f}",
-                      f"{op['torch_us']:.1f}", f"{op['torch_us'] / op['tensortune_us']:.2f}x", f"{op['loss_ms']:+.3f}")
+                      f"{op['torch_us']:.1f}", f"{op['torch_us'] / op['tensortune_us']:.2f}x", f"{op['loss_ms']:+.3f}",
+                      onednn)
     Console().print(table)
     print(f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms of {row['tensortune_ms']:.2f} "
           f"(its kernels as timed in the model), eager {row['outside_ms']['eager']:.2f} ms of {row['eager_ms']:.2f} "

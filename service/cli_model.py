@@ -151,8 +151,9 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
                                               help="also time torch.compile's Inductor (--no-inductor: neither mode)"),
                 max_autotune: bool = typer.Option(True, "--max-autotune/--no-max-autotune",
                                                   help="also Inductor max-autotune with freezing (minutes to compile)"),
-                profile: bool = typer.Option(False, "--profile", help="each tuned op's time beside PyTorch's for it, "
-                                             "the largest loss first, and the time outside the tuned ops"),
+                profile: bool = typer.Option(False, "--profile", help="each tuned op's time beside PyTorch's for it "
+                                             "(and oneDNN's packed linear for dense), the largest loss first, and "
+                                             "the time outside the tuned ops"),
                 rounds: int = typer.Option(5, "--rounds", min=1, help="alternating rounds each way is timed in, its "
                                            "median over them the figure (more where neighbours slow a host in "
                                            "phases)")):

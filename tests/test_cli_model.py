@@ -258,8 +258,8 @@ def test_bench_model_times_every_way_at_every_length(tmp_path):
 
 
 def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_outside(tmp_path, monkeypatch, capsys):
-    """Tiny's two tasks, each per call in the model and alone beside PyTorch's, sorted by loss; what they leave of
-    each way's model time is outside them; the table says the same."""
+    """Tiny's two tasks, each per call in the model and alone beside PyTorch's and oneDNN's, sorted by loss; what
+    they leave of each way's model time is outside them; the table says the same."""
     (tmp_path / "models.py").write_text(MODEL_FILE)
     words = ("bench", "model", "models.py:tiny", "--profile", "--no-inductor", "--target", "llvm -threads=1", "--db",
              f"sqlite:///{tmp_path}/p.db")
@@ -273,6 +273,7 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     for op in ops:
         assert op["weight"] == 1 and min(op["in_model_us"], op["tensortune_us"], op["torch_us"]) > 0
         assert op["loss_ms"] == pytest.approx((op["tensortune_us"] - op["torch_us"]) / 1e3, abs=2e-3)
+        assert op["onednn_us"] > 0  # dense beside oneDNN's packed linear too, as max-autotune runs it
     in_model = sum(op["in_model_us"] for op in ops) / 1e3  # the kernels as profiled in the model
     assert row["outside_ms"]["tensortune"] == pytest.approx(row["tensortune_ms"] - in_model, abs=2e-3)
     assert row["outside_ms"]["eager"] == pytest.approx(row["eager_ms"] - sum(op["torch_us"] for op in ops) / 1e3,
