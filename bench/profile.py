@@ -1,14 +1,14 @@
 """`tensortune bench model MODEL --profile`: where a model's time goes, before anything is changed to win it back.
 
-Each tuned op of the model (a task, as extract_tasks finds it) is timed three ways in one run: in the model, each
-kernel call of the tensortune backend timed by the clock around it (weights coming from memory, threads woken
-between PyTorch's operators; torch.profiler's events added up to 65 µs a call, twice a small kernel's time);
-alone, its kernel with the config the backend picks, weights bound; and alone, the PyTorch operators eager runs
-for it (dense's bias and activation included), alternating with the kernel; a dense op also beside oneDNN's
-packed linear, what Inductor's max-autotune with freezing runs for it where it picks oneDNN. Counted as often
-as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the kernels do
-not account for of tensortune's time in the model is the time outside them; eager's is estimated from its
-operators' times alone."""
+Each tuned op of the model (a task, as extract_tasks finds it) is timed three ways in one run, a dense op four: in
+the model, each kernel call of the tensortune backend timed by the clock around it (weights coming from memory,
+threads woken between PyTorch's operators; torch.profiler's events added up to 65 µs a call, twice a small kernel's
+time); alone, its kernel with the config the backend picks, weights bound; alone, the PyTorch operators eager runs
+for it (dense's bias and activation included), alternating with the kernel; and for dense, alone, oneDNN's packed
+linear, what Inductor's max-autotune with freezing runs for it where it picks oneDNN. Counted as often as a forward
+pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the kernels do not account
+for of tensortune's time in the model is the time outside them; eager's is estimated from its operators' times
+alone."""
 from __future__ import annotations
 
 from typing import Callable
