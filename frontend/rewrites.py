@@ -40,6 +40,7 @@ class Editor:
 
     def __init__(self, captured: Captured, mode):
         self.captured, self.graph, self.mode = captured, captured.graph.graph, mode
+        self.biases: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}  # of each boolean attention mask, by dtype
 
     def call(self, target, args: tuple, like: fx.Node, kwargs: dict | None = None, stack: dict | None = None):
         """A call of `target` inserted at the graph's insertion point, with `like`'s module stack (or `stack`),
@@ -89,6 +90,21 @@ def number(value):
     return value.meta.get("example_value") if isinstance(value, fx.Node) else value
 
 
+@torch.library.custom_op("tensortune::attention_bias", mutates_args=())
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the bias SDPA's math adds to the scores: 0 where kept, -inf where masked. An
+    operator of its own, so that Inductor makes it once a forward, a buffer every layer's softmax reads at vector
+    speed: written out, the mask's expression (transformers builds it from aranges) fused into each softmax and was
+    computed anew in each of its passes (BERT-base's 12 × 200 × 200 scores on a Zen 3: 2.1 ms a softmax so, 0.57
+    from a float bias)."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask.logical_not(), -math.inf)
+
+
+@attention_bias.register_fake
+def _(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return mask.new_empty(mask.shape, dtype=dtype)
+
+
 def expand_attention(node: fx.Node, edit: Editor):
     """softmax(q·kᵀ·scale + mask)·v written out, so both products become batch_matmul tasks. Only what the
     matmul matcher can take: no dropout, q, k and v of one dtype it computes in and of equal batch dimensions (GQA and broadcast
@@ -118,8 +134,10 @@ def expand_attention(node: fx.Node, edit: Editor):
             above = edit.call(torch.triu, (edit.call(torch.full_like, (scores, -math.inf), node), 1), node)
             scores = edit.call(torch.add, (scores, above), node)
         elif mask_value is not None and mask_value.dtype == torch.bool:
-            hidden = edit.call(torch.logical_not, (mask,), node)
-            scores = edit.call(torch.masked_fill, (scores, hidden, -math.inf), node)
+            key = (mask, values[0].dtype)
+            if key not in edit.biases:  # one bias a mask, made before its first reader
+                edit.biases[key] = edit.call(torch.ops.tensortune.attention_bias.default, key, node)
+            scores = edit.call(torch.add, (scores, edit.biases[key]), node)
         elif mask is not None:
             scores = edit.call(torch.add, (scores, mask), node)
         softmax = torch.ops.aten._safe_softmax.default if mask is not None else torch.softmax

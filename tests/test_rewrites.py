@@ -140,6 +140,30 @@ def test_attention_is_two_batch_matmuls_and_computes_sdpa(options, mask, tmp_pat
     assert not expected.isnan().any() and torch.allclose(got, expected, atol=1e-5)
 
 
+class TwoAttentions(nn.Module):
+    """Two attentions under one boolean mask, as a transformer's layers are."""
+
+    def forward(self, q, k, v, mask):
+        first = F.scaled_dot_product_attention(q, k, v, mask)
+        return F.scaled_dot_product_attention(first, k, v, mask)
+
+
+def test_a_boolean_mask_is_made_a_bias_once_for_every_attention_reading_it(tmp_path):
+    """Inductor fused a boolean mask's expression into each softmax and computed it in each of its passes: the
+    mask is one `attention_bias` call (0 kept, -inf hidden) that both layers' scores add; the hidden row still
+    gives zeros."""
+    torch.manual_seed(0)
+    inputs = (torch.randn(2, 3, 5, 16), torch.randn(2, 3, 7, 16), torch.randn(2, 3, 7, 16), masks()[0])
+    [captured] = capture(TwoAttentions(), inputs)
+    rewrite(captured)
+    [bias] = [node for node in captured.graph.graph.nodes if node.target == torch.ops.tensortune.attention_bias.default]
+    assert len(bias.users) == 2 and all(user.target is torch.add for user in bias.users)
+    expected = TwoAttentions()(*inputs)
+    with torch.inference_mode():
+        got = compiled(TwoAttentions(), tmp_path)(*inputs)
+    assert not expected.isnan().any() and torch.allclose(got, expected, atol=1e-5)
+
+
 class Baddbmm(nn.Module):
     def __init__(self, beta: float, alpha: float):
         super().__init__()
