@@ -114,6 +114,20 @@ def test_the_fallback_splits_images_else_the_larger_operand_across_threads(layer
     assert fallback_config(conv2d(*layer), "llvm -threads=2")["parallel"] == axis
 
 
+@pytest.mark.parametrize("axis", ["h", "k", "n", "none"])
+def test_threads_that_split_rows_or_channels_pack_the_datas_rows_between_them(axis):
+    """Each thread packs a share of the padded data's rows (mostly those it computes from), not one thread all of
+    them, where threads split output rows or channels; each image's thread its image where they split images. Odd
+    sizes, so that the shares differ and the padding has rows of its own; every way computes the reference."""
+    workload = conv2d(2, 3, 9, 7, 17, 7, 7, 2, 3, bias=True)
+    target = Target.parse("llvm -threads=2")
+    config = get_space(workload, target).nearest(dict(fallback_config(workload, target).values) | {"parallel": axis})
+    pack = next(stage for stage in lower(workload, target, config).stages if stage.name == "pack_data")
+    assert [loop.var for loop in pack.body if loop.kind == "parallel"] == {"h": ["y"], "k": ["y"], "n": ["n"]}.get(axis, [])
+    inputs = workload.random_inputs()
+    assert workload.max_error(build(workload, target, config)(*inputs), workload.reference(*inputs)) <= 1
+
+
 def test_conv2d_tunes_into_the_database_and_is_applied(tmp_path):
     url = f"sqlite:///{tmp_path}/conv.db"
     workload, target = conv2d(1, 8, 10, 10, 16, 3, 3, 1, 1, bias=True, residual=True, epilogue="relu"), \

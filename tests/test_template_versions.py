@@ -31,6 +31,7 @@ HASHES = {
     ("gemm", 1): "5cfb38b3032cdde8553b38280ba0f31bb025096ce733bd444e50288a3c66f723",
     ("gemm", 2): "f91c5ba7245c361e8e1258a1c532f1209aaa889a89ff0f5be9be23bcca2c547b",
     ("conv2d", 1): "f583a62e94b75efd009e2c9db39fb0d26ea9f18981f4fd29e317123945473c82",
+    ("conv2d", 2): "da50d62c2af4d89812c73c952a62cf22788cd7719362e4d8c663fc4f80285d05",
     ("gemm_cuda", 1): "973a7a6bce8e568bf995c5399c1fede2bfa1f97e9fe3d3a779ac6524559b3f37",
 }
 
@@ -74,10 +75,11 @@ def test_every_template_is_covered():
 def test_a_dtype_whose_configs_changed_alone_is_versioned_apart():
     """bfloat16 convolutions gained the `isa` knob and grouped layouts, int8 GEMMs another multiply: their records
     are of another version, while float32's code (hashed above) and so its records are as they were (GEMMs' until
-    dense's `prefetch` knob, version 2: int8's went one ahead)."""
+    dense's `prefetch` knob, version 2: int8's went one ahead; convolutions' until the data was packed by rows,
+    version 2: bfloat16's went one ahead)."""
     workload = conv2d(1, 16, 14, 14, 32, 3, 3, 1, 1)
-    assert template_version(workload, CPU) == 1
-    assert template_version(workload.in_dtype("bfloat16"), CPU) == 2 and "isa" in get_space(
+    assert template_version(workload, CPU) == 2
+    assert template_version(workload.in_dtype("bfloat16"), CPU) == 3 and "isa" in get_space(
         workload.in_dtype("bfloat16"), CPU).knobs
     gemm = GEMMS[1]  # int8's `widen` multiplies by pmaddwd
     assert (template_version(gemm, CPU), template_version(gemm.in_dtype("int8"), CPU)) == (2, 3)
