@@ -31,7 +31,7 @@ from .register_blocks import fills, seed_blocks
 
 VERSION = 2  # bumped whenever a change alters the code generated for some config, or what a config means (2: the
 # data packed a row at a time, by every thread where threads split output rows or channels)
-DTYPE_VERSIONS = {"bfloat16": 3}  # one ahead: bfloat16's configs gained the `isa` knob and grouped layouts at 1
+DTYPE_VERSIONS = {"bfloat16": 3}  # one ahead: bfloat16 gained the `isa` knob and grouped layouts at float32's 1
 DTYPES = ("float32", "bfloat16", "int8")
 VECTOR_SPLITS = ("tile_k",)  # splits whose register tile is counted in vectors: scaled with `vec` to another CPU
 OWR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 28)
