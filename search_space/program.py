@@ -183,6 +183,9 @@ class Loop:
     kind: str
     body: tuple[Stmt, ...]
     ahead: int = 0  # a tile nest's k loop: how many of its k steps ahead the packed B is prefetched (0: not at all)
+    # or (index, count): the tile nest is the index-th (an Affine) of `count` that read the same packed B rows, and
+    # prefetches, over its k steps, its share of the rows that follow them (the next panel, which the next run reads)
+    share: tuple = ()
 
     def __post_init__(self):
         assert self.kind in LOOP_KINDS and self.extent >= 1, (self.kind, self.extent)
@@ -353,7 +356,9 @@ def format_stmts(stmts, indent: int = 0, shown: dict | None = None) -> list[str]
     for stmt in stmts:
         if isinstance(stmt, Loop):
             prefix = "" if stmt.kind == "serial" else stmt.kind + " "
-            lines.append(f"{pad}{prefix}for {stmt.var} in range({stmt.extent}):")
+            ahead = f"  # prefetch {stmt.ahead} k steps ahead" if stmt.ahead else \
+                f"  # prefetch share {stmt.share[0]} of {stmt.share[1]} of what follows" if stmt.share else ""
+            lines.append(f"{pad}{prefix}for {stmt.var} in range({stmt.extent}):{ahead}")
             lines += format_stmts(stmt.body, indent + 1, shown)
         elif isinstance(stmt, If):
             lines.append(f"{pad}if {stmt.lhs} {stmt.op} {stmt.rhs}:")

@@ -7,8 +7,9 @@ import re
 import pytest
 
 from bench.peak import peak_gflops, tile_peak_module
-from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target, lower, matmul
-from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, var
+from search_space import (InvalidConfig, Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target,
+                          lower, matmul)
+from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, format_program, var
 from search_space.templates.gemm import FAMILIES as GEMM_FAMILIES, TILE, isas
 from workers.build import generated_assembly
 from workers.llvm_codegen import CodegenError, _zeroing_before_tiles, generate
@@ -138,13 +139,32 @@ def test_tile_products_prefetch_the_packed_b_as_the_prefetch_knob_says(family):
     (`prefetcht1`), one per row; 0 prefetches nothing, nor does a vector family but in dense."""
     workload = dense(64, 768, 768, dtype=FAMILIES[family][0])
     space = get_space(workload, SAPPHIRE)
-    assert space.knobs["prefetch"].candidates == (0, 4, 16, 32)
-    assert fallback_config(workload, SAPPHIRE)["prefetch"] == 0
+    assert space.knobs["prefetch"].candidates == (0, 4, 16, 32, "shared")
+    assert fallback_config(workload, SAPPHIRE)["prefetch"] == "shared"
     assembly = lambda ahead: generated_assembly(lower(workload, SAPPHIRE, space.config(
         fallback_config(workload, SAPPHIRE).to_dict() | {"prefetch": ahead})), SAPPHIRE)
     assert assembly(16).count("prefetcht1") >= 16 and "prefetcht1" not in assembly(0)
     product = matmul(64, 768, 768, dtype=FAMILIES[family][0])
     assert {config["prefetch"] for config in configs_using(product, SAPPHIRE, FAMILIES[family][2], count=6)} == {0}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_row_blocks_sharing_a_panel_each_prefetch_a_share_of_the_next(threads):
+    """`prefetch` "shared" (the fallback's): the micro-kernel of row block s0 of the M/mr that read a packed panel
+    prefetches the s0-th share of the bytes after its rows, spread over its k steps: 128×3072×768 in 2 × 2 tiles is
+    four row blocks over 384 k groups of 32 columns (48 KB), a share of 192 lines, 8 a step of 24; never in a vector
+    family."""
+    target = sapphire("amx-tile", "amx-bf16", "amx-int8", threads=threads)
+    workload = dense(128, 3072, 768, dtype="bfloat16")
+    space = get_space(workload, target)
+    config = fallback_config(workload, target)
+    program = lower(workload, target, config)
+    assert config["prefetch"] == "shared" and "prefetch share s0 of 4 of what follows" in format_program(program)
+    assert generated_assembly(program, target).count("prefetcht1") == 8 and "prefetcht1" not in generated_assembly(
+        lower(workload, target, space.config(config.to_dict() | {"prefetch": 0})), target)
+    assert all(config["prefetch"] != "shared" for config in configs_using(workload, target, "avx512bf16", count=12))
+    with pytest.raises(InvalidConfig):
+        space.config(config.to_dict() | {"isa": "avx512bf16", "tile_m": [-1, 8, 8], "tile_n": [-1, 8, 32]})
 
 
 def test_a_tile_product_without_amx_is_refused_by_the_code_generator():
@@ -165,6 +185,9 @@ def test_the_amx_family_computes_the_reference(family):
     workload = dense(64, 64, steps * STEP * GROUP // ITEMSIZE[FAMILIES[family][0]], dtype=FAMILIES[family][0])
     check(workload, ONE, get_space(workload, ONE).config(fallback_config(workload, ONE).to_dict() | {
         "tile_m": [-1, 1, 64], "tile_n": [-1, 1, 64], "tile_k": [-1, workload.p["K"]], "isa": family}))
+    for workload in ODD_SHAPES(FAMILIES[family][0]) + [dense(128, 256, 768, dtype=FAMILIES[family][0])]:
+        for config in configs_using(workload, ONE, family, count=2, prefetch="shared"):
+            check(workload, ONE, config)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -25,6 +25,7 @@ I8, I32, I64, PTR, VOID = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.Poin
 TILE, STEP, GROUP = 16, 16, 4  # rows and 32-bit columns of a tile; groups of k a step takes; bytes of a group
 C_REGISTERS, A_REGISTERS, B_REGISTERS = (0, 1, 2, 3), (4, 5), (6, 7)  # the tile registers each operand's tiles use
 REGISTERS = len(C_REGISTERS + A_REGISTERS + B_REGISTERS)  # tile registers: eight
+LINE = 64  # bytes of a cache line
 CHUNK = 4  # k steps a pass's register groups take in turn, so that their A and B rows come again from L1 (see _pass)
 # the family's feature and its tile product
 PRODUCTS = {"dot2_amx": ("amx-bf16", "llvm.x86.tdpbf16ps"), "dot4_amx": ("amx-int8", "llvm.x86.tdpbusd")}
@@ -115,21 +116,34 @@ def _uniform(extent: int, size: int) -> list[tuple[int, int, int]]:
 
 
 def tile_product(b: ir.IRBuilder, declare, product: str, c: Operand, a: Operand, bp: Operand, rows: int,
-                 columns: int, groups: int, configured: Shape, from_zero: bool = False, ahead: int = 0) -> None:
+                 columns: int, groups: int, configured: Shape, from_zero: bool = False, ahead: int = 0,
+                 share: tuple[ir.Value, int] | None = None) -> None:
     """C[rows × columns] += A[rows × groups] · Bp[groups × columns], one pass per shape of tiles and of k step,
     under the tile configuration of shape `configured`; `declare(name, ret, args)` declares an intrinsic in the
     module. `from_zero`: C = A · Bp, whatever C holds (the first pass of each block of C's tiles starts from zero
     tiles, the passes of later k steps from the first's). `ahead`: each k step prefetches the packed B's rows that
-    many steps on (`_pass`)."""
-    at = lambda operand, offset: b.gep(operand.base, [ir.Constant(I64, offset)], source_etype=I8)
+    many steps on (`_pass`). `share` (index, count; index an i64): the nest is the index-th of `count` that read
+    these rows of Bp, and its first pass prefetches the index-th share of as many bytes as follow them, spread
+    over its k steps: each nest that shares a panel fetches part of the next, where with `ahead` the first of them
+    fetches it all while itself waiting on memory."""
+    at = lambda operand, offset: b.gep(operand.base, [offset if isinstance(offset, ir.Value) else
+                                                      ir.Constant(I64, offset)], source_etype=I8)
     for r0, height, row_tiles in _uniform(rows, TILE):
         for c0, width, column_tiles in _uniform(columns, TILE):
             for k0, depth, steps in _uniform(groups, STEP):
                 shape = (height, row_tiles, width, column_tiles, depth, steps)
                 strides = (c.stride, a.stride, bp.stride)
-                function = _pass(b.module, declare, product, shape, strides, configured, from_zero and k0 == 0, ahead)
+                spread, following = 0, []
+                if share and r0 == c0 == k0 == 0 and steps > 1:
+                    index, count = share
+                    lines = -(-groups * bp.stride // (LINE * count))  # cache lines of the share
+                    spread = -(-lines // steps)
+                    following = [at(bp, b.add(ir.Constant(I64, groups * bp.stride), b.mul(index, ir.Constant(
+                        I64, lines * LINE))))]
+                function = _pass(b.module, declare, product, shape, strides, configured, from_zero and k0 == 0, ahead,
+                                 spread)
                 b.call(function, [at(c, r0 * c.stride + 4 * c0), at(a, r0 * a.stride + GROUP * k0),
-                                  at(bp, GROUP * c0 + k0 * bp.stride)])
+                                  at(bp, GROUP * c0 + k0 * bp.stride)] + following)
 
 
 def register_groups(row_tiles: int, column_tiles: int) -> list[tuple[range, range]]:
@@ -142,9 +156,10 @@ def register_groups(row_tiles: int, column_tiles: int) -> list[tuple[range, rang
 
 
 def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple, configured: Shape,
-          from_zero: bool, ahead: int = 0) -> ir.Function:
-    """`void (ptr C, ptr A, ptr Bp)`: C's row_tiles × column_tiles tiles += `steps` k steps of `depth` groups (C's
-    tiles from zero tiles, not from C, where `from_zero`); one function per shape, strides and start in a module.
+          from_zero: bool, ahead: int = 0, spread: int = 0) -> ir.Function:
+    """`void (ptr C, ptr A, ptr Bp[, ptr following])`: C's row_tiles × column_tiles tiles += `steps` k steps of
+    `depth` groups (C's tiles from zero tiles, not from C, where `from_zero`); one function per shape, strides and
+    start in a module.
     It runs C's tiles a register group at a time (loaded, carried through the k steps, stored); several groups take
     CHUNK steps in turn, so that a group reads again from L1 the A or B rows the one before it read (4 × 4 tiles
     read 8 KB of rows a step; dense 128×3072×768 bfloat16, three register blocks, one thread, hot caches: CHUNK 4
@@ -152,38 +167,45 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
     side's tiles are all loaded, the other side's one at a time, in turns between two registers. Where `ahead` and
     there are several steps, each step first prefetches into L2 the rows of its B tiles `ahead` steps on (past the
     block's last step, the rows that follow: the next panel's): in a model bound weights come from memory or L3,
-    and a tile load waits for all sixteen of its rows."""
+    and a tile load waits for all sixteen of its rows. Where `spread`, each step prefetches that many cache lines
+    more of `following`, a line after the last."""
     height, row_tiles, width, column_tiles, depth, steps = shape
     own = (height, width, depth)
     ahead = ahead if steps > 1 else 0
     name = f"tiles.{product}.{'.'.join(map(str, shape + strides))}" + (".zero" if from_zero else "") + \
-        (f".ahead{ahead}" if ahead else "") + ("" if own == configured else ".in." + ".".join(map(str, configured)))
+        (f".ahead{ahead}" if ahead else "") + (f".spread{spread}" if spread else "") + \
+        ("" if own == configured else ".in." + ".".join(map(str, configured)))
     if name in module.globals:
         return module.globals[name]
     c_stride, a_stride, b_stride = strides
-    function = ir.Function(module, ir.FunctionType(VOID, [PTR] * 3), name)
+    function = ir.Function(module, ir.FunctionType(VOID, [PTR] * (4 if spread else 3)), name)
     function.linkage = "internal"
     for attribute in ("noinline", "nounwind"):
         function.attributes.add(attribute)
-    for argument in function.args:
+    for argument in function.args[:3]:  # `following` is only prefetched (and lies in Bp)
         argument.add_attribute("noalias")
-    c, a, bp = function.args
+    c, a, bp, *following = function.args
     b = ir.IRBuilder(function.append_basic_block("entry"))
     tiles, long = Tiles(b, declare), (lambda n: ir.Constant(I64, n))
-    prefetch = declare("llvm.prefetch.p0", VOID, [PTR, I32, I32, I32])  # read, locality 2 (L2), data
+    prefetch = declare("llvm.prefetch.p0", VOID, [PTR, I32, I32, I32])
+    fetch = lambda address: b.call(prefetch, [address, *(ir.Constant(I32, n) for n in (0, 2, 1))])  # read, L2, data
     at = lambda base, offset: b.gep(base, [offset], source_etype=I8)
     c_tile = lambda i, j: at(c, long(i * TILE * c_stride + 4 * TILE * j))
 
-    def step(k, registers: dict, rows: range, columns: range) -> None:
-        """The group's C tiles (in `registers`) after the k step from group `k` (an i64)."""
+    def step(s, registers: dict, rows: range, columns: range, leads: bool) -> None:
+        """The group's C tiles (in `registers`) after k step `s` (an i64); the step's spread prefetches where
+        `leads` (the first group of a pass: once a step)."""
+        k = b.mul(s, long(depth))
         a_tile = lambda i, register: tiles.load(register, at(a, b.add(long(i * TILE * a_stride),
                                                                       b.mul(k, long(GROUP)))), a_stride)
         b_tile = lambda j, register: tiles.load(register, at(bp, b.add(long(GROUP * TILE * j),
                                                                         b.mul(k, long(b_stride)))), b_stride)
         for j in columns if ahead else ():
             for row in range(depth):  # one row of a B tile: 64 bytes, a cache line of the packed B
-                offset = b.add(long(GROUP * TILE * j + (ahead * depth + row) * b_stride), b.mul(k, long(b_stride)))
-                b.call(prefetch, [at(bp, offset), *(ir.Constant(I32, n) for n in (0, 2, 1))])
+                fetch(at(bp, b.add(long(GROUP * TILE * j + (ahead * depth + row) * b_stride),
+                                   b.mul(k, long(b_stride)))))
+        for line in range(spread) if leads else ():
+            fetch(at(following[0], b.add(b.mul(s, long(spread * LINE)), long(line * LINE))))
         if len(rows) <= len(columns):
             a_of = dict(zip(rows, A_REGISTERS))
             for i in rows:
@@ -207,14 +229,14 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
     def run(first, count: int, zeroed: bool = False) -> None:
         """Every group's C tiles through `count` k steps from step `first` (an i64), from zero tiles where
         `zeroed`."""
-        for rows, columns in groups:
+        for n, (rows, columns) in enumerate(groups):
             registers = dict(zip(pairs(rows, columns), C_REGISTERS))
             for (i, j), register in registers.items():
                 if zeroed:
                     tiles.zero(register)
                 else:
                     tiles.load(register, c_tile(i, j), c_stride)
-            at_step = lambda s: step(b.mul(b.add(first, s), long(depth)), registers, rows, columns)
+            at_step = lambda s: step(b.add(first, s), registers, rows, columns, n == 0)
             if count == 1:
                 at_step(long(0))
             else:

@@ -58,6 +58,7 @@ TILE = 16  # rows of an AMX tile, and 32-bit columns
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
 AMX_MR_CHOICES = (32, 48, 64)  # register blocks of several tiles' rows, offered only where AMX is
 AHEAD_CHOICES = (0, 4, 16, 32)  # k steps ahead that a micro-kernel prefetches the packed B (0: not at all)
+SHARED = "shared"  # AMX's other choice: each micro-kernel that reads a panel prefetches a share of the next one
 NR_CHOICES = (4, 8, 12, 16, 24, 32, 48, 64)
 MOST_VECTORS = 8  # of B's columns in a register block
 BLOCK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
@@ -113,8 +114,9 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     # dense's bound weights come from memory in a model: its micro-kernel may prefetch them from the packed B
     dense = workload.op == "dense"
     streamed = lambda pack_b, prefetch: prefetch == 0 or dense and pack_b
+    prefetches = Knob("prefetch", "knob", AHEAD_CHOICES + ((SHARED,) if amx else ()))
     if dense:
-        knobs.append(Knob("prefetch", "knob", AHEAD_CHOICES))
+        knobs.append(prefetches)
         constraints.append((("pack_b", "prefetch"), streamed))
     if workload.dtype not in FAMILIES:
         return ConfigSpace(knobs, constraints)
@@ -125,26 +127,29 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     if not amx:
         return ConfigSpace(knobs, constraints + [(("isa", "pack_b", "vec"), groups_read)], strata="isa")
     if not dense:  # AMX's tile products prefetch in every op
-        knobs.append(Knob("prefetch", "knob", AHEAD_CHOICES))
+        knobs.append(prefetches)
     a_strides = workload.operand_strides("A")
     a_rows = a_strides is None or a_strides[2] == 1  # a tile row of A is k's groups side by side
 
     def valid(isa, tile_m, tile_n, vec, pack_b, unroll_k, prefetch):
         """Tiles for AMX, from A's rows as they lie, on a packed B, written back on 16 lanes, the k loop not unrolled
-        (the two knobs are fixed there); a register block for the vector families, prefetching only in dense."""
+        (the two knobs are fixed there); a register block for the vector families, prefetching only in dense, and
+        k steps ahead."""
         if isa in AMX:
             return a_rows and pack_b and vec == max(vec_choices) and unroll_k == 1 and whole_tiles(tile_m, tile_n)
-        return fits(tile_m, tile_n, vec) and groups_read(isa, pack_b, vec) and streamed(pack_b, prefetch)
+        return fits(tile_m, tile_n, vec) and groups_read(isa, pack_b, vec) and streamed(pack_b, prefetch) and \
+            prefetch != SHARED
 
     return ConfigSpace(knobs, [(("isa", "tile_m", "tile_n", "vec", "pack_b", "unroll_k", "prefetch"), valid)],
                        strata="isa")
 
 
 def version(workload: Workload, target: Target) -> int:
-    """The version of a workload's configs on a target: DTYPE_VERSIONS' (or VERSION), one more where the space
-    offers AMX, whose configs gained the `prefetch` knob (and so new indices); other targets' records stay valid."""
+    """The version of a workload's configs on a target: DTYPE_VERSIONS' (or VERSION), two more where the space
+    offers AMX, whose configs gained the `prefetch` knob and then its SHARED choice (each time new indices); other
+    targets' records stay valid."""
     base = DTYPE_VERSIONS.get(workload.dtype, VERSION)
-    return base + 1 if offers_amx(workload, target) else base
+    return base + 2 if offers_amx(workload, target) else base
 
 
 def b_along_k(workload: Workload) -> bool:
@@ -173,10 +178,12 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     eight broadcasts and one load per eight multiply-adds), B packed, k-blocks of 256, the larger of M and N split
     across threads in blocks they share evenly (`balanced`).
     AMX's is 2 × 2 tiles through the whole k (dense 128×768×3072 bfloat16, 1 thread, on an Intel AMX host: 802
-    GFLOPS against 621 in k-blocks of 512), prefetching nothing: with their weights from memory, as in a model
-    (rotated through copies, 2 threads), BERT-base's three 128-row dense shapes ran 1045-1392 GFLOPS so, 962-1287
-    prefetching them 16 k steps ahead, 1054-1165 in 4 × 4 tiles (a seed: hot, those ran 10-21% faster on two of the
-    three, 8-10% slower on K = 3072). The vector families' dense prefetches 32 k steps on (BERT-base's four dense
+    GFLOPS against 621 in k-blocks of 512), each row block prefetching its share of the next panel (SHARED): with
+    their weights from memory, as in a model (rotated through copies), BERT-base's four 128-row dense shapes ran
+    6-17% faster so than prefetching nothing, on 1 thread and 2, in every shape (another Intel AMX host, alternate
+    rounds); prefetching 16 k steps ahead ranged from 5% slower to 10% faster than nothing; 4 × 4 tiles (a seed:
+    hot, those ran 10-21% faster on two of the three, 8-10% slower on K = 3072) were slower with their weights from
+    memory. The vector families' dense prefetches 32 k steps on (BERT-base's four dense
     shapes at 32 rows, their weights rotated, 2 threads on a Zen 5: 13-28% faster than not at all; 16 steps ahead
     ranged from 11% slower to 22% faster)."""
     batch, m, n, k = _dims(workload)
@@ -193,7 +200,7 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
         want["isa"] = space_.knobs["isa"].candidates[-1]
         if want["isa"] in AMX:  # 2 × 2 tiles of C through the whole k: every k-block stores and reloads them
             want |= {"tile_m": (-1, 2, 2 * TILE), "tile_n": (-1, 2, 2 * TILE), "tile_k": (-1, k), "unroll_k": 1,
-                     "prefetch": 0}
+                     "prefetch": SHARED}
     return space_.nearest(want)
 
 
@@ -345,6 +352,8 @@ class _Gemm:
         """An mr × nr block of C over one k-block, as a call: identical tiles share one body."""
         (b, _), (m0, mr), (n0, nr), (k0, kc) = chunks["b"], chunks["m"], chunks["n"], chunks["k"]
         args = (("b0", b), ("m0", m0), ("n0", n0), ("k0", k0)) + ((("p0", n0.exact_div(self.nr)),) if self.pack else ())
+        shared = self.isa in AMX and self.config["prefetch"] == SHARED
+        args += (("s0", m0.exact_div(self.mr)),) if shared else ()  # which of the row blocks that read the panel
         # the group index of the block's first k: k-blocks are whole groups but for the last of the whole k
         args += (("q0", k0.exact_div(self.group)),) if self.group > 1 else ()
         b, m0, n0, k0 = var("b0"), var("m0"), var("n0"), var("k0")
@@ -362,8 +371,9 @@ class _Gemm:
             product = lambda r, c, q: [self.acc.store((r, c), Op(dot, terms(r, c, q) + (self.acc[r, c],)))]
             if self.isa in AMX:  # k groups, rows, columns: the nest the code generator runs as tile products
                 r, c, q = var("r"), var("c"), var("q0") + var("ki")
+                ahead = {"share": (var("s0"), -(-self.m // self.mr))} if shared else {"ahead": self.config["prefetch"]}
                 k_loop = [Loop("ki", kc // g, "tile", (Loop("r", mr, "tile", (Loop("c", nr, "tile", tuple(
-                    product(r, c, q))),)),), self.config["prefetch"])] if kc >= g else []
+                    product(r, c, q))),)),), **ahead)] if kc >= g else []
             else:
                 k_loop = tiled("ki", kc // g, self.unroll, var("q0"), unrolled(
                     lambda q: self.ahead(b, (q, 0, 0)) + rows(lambda r, c: product(r, c, q))))
