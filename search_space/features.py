@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .program import LOOP_KINDS, Call, If, Loop, Prefetch, Program, Store, loads, walk
+from .program import LOOP_KINDS, TILE_STEP, Call, If, Loop, Prefetch, Program, Store, loads, walk
 from .space import Config, ConfigSpace
 from .thread_balance import busy_share
 
@@ -68,6 +68,18 @@ def _busy_threads(program: Program, threads: int) -> float:
     return busy_share(works, threads)
 
 
+def _lead(stmt) -> int:
+    """Bytes past what is being read that `stmt` prefetches (0: none): a Prefetch's lead; a tile nest's `ahead` k
+    steps of its packed operand's rows, or, prefetching a share of what follows its block, the block's bytes."""
+    if isinstance(stmt, Prefetch):
+        return stmt.lead * stmt.buffer.itemsize
+    if not (isinstance(stmt, Loop) and (stmt.ahead or stmt.share)):
+        return 0
+    row = max(load.buffer.flat(load.index).coeff(stmt.var) * load.buffer.itemsize for site in _sites(stmt.body)
+              for load in loads(site.store.value) if load.buffer.scope == "packed")
+    return row * (stmt.ahead * TILE_STEP if stmt.ahead else stmt.extent)
+
+
 def itervar_features(program: Program, flops: int, threads: int = 1) -> np.ndarray:
     sites = [s for stage in program.stages for s in _sites(stage.body)]
     hot = max(sites, key=lambda s: s.weight)
@@ -97,8 +109,7 @@ def itervar_features(program: Program, flops: int, threads: int = 1) -> np.ndarr
     parallel = [l.extent for s in sites for l in s.loops if l.kind == "parallel"]
     packed = sum(b.size * b.itemsize for b in program.scope("packed"))
     registers = sum(b.size for b in program.scope("register"))
-    lead = min((s.lead * s.buffer.itemsize for stage in program.stages for s, _, _ in walk(stage.body)
-                if isinstance(s, Prefetch)), default=0)
+    lead = min(filter(None, (_lead(s) for stage in program.stages for s, _, _ in walk(stage.body))), default=0)
     overall = [_log(flops), _log(total), tail_share, _log(packed), _log(registers), _log(max(parallel, default=1)),
                _log(lead), _busy_threads(program, threads)]
     return np.asarray([x for row in rows for x in row] + overall, dtype=np.float32)

@@ -25,6 +25,7 @@ from typing import Callable, Union
 GPU_INDICES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x")
 LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled", "tile") + GPU_INDICES
 SCOPES = ("input", "output", "packed", "register", "shared", "local")
+TILE_STEP = 16  # k groups a tile nest's k step takes: the 16 rows of an AMX tile of B
 # fma(a, b, c) = a·b + c; dot2(a0, b0, a1, b1, c) = a0·b0 + a1·b1 + c (bfloat16 pairs, adjacent in memory, are loaded
 # as one 32-bit lane); dot2_bf16 is dot2 by AVX-512 BF16's vdpbf16ps (which flushes denormals); dot4 is the same over
 # four uint8·int8 products summed in int32 (a quad of bytes is one lane), dot4_vnni by AVX-512 VNNI's vpdpbusd;
@@ -182,7 +183,7 @@ class Loop:
     extent: int
     kind: str
     body: tuple[Stmt, ...]
-    ahead: int = 0  # a tile nest's k loop: how many of its k steps ahead the packed B is prefetched (0: not at all)
+    ahead: int = 0  # a tile nest's k loop: how many of its k steps (TILE_STEP groups) ahead the packed B is prefetched
     # or (index, count): the tile nest is the index-th (an Affine) of `count` that read the same packed B rows, and
     # prefetches, over its k steps, its share of the rows that follow them (the next panel, which the next run reads)
     share: tuple = ()

@@ -67,6 +67,21 @@ def test_the_prefetch_lead_is_a_feature_in_bytes():
     assert lead(32) == log(32 * 32 * FLOAT_BYTES) and lead(0) == 0
 
 
+def test_an_amx_tile_nests_prefetch_is_the_same_feature():
+    """AMX's `prefetch` in the same bytes: 16 k steps of 16 groups of a 32-column packed row (128 bytes), 32 KiB;
+    "shared", the block's 384 group rows, 48 KiB, what follows them being fetched; none, 0."""
+    from search_space import Target, dense, fallback_config, get_space, lower
+
+    target = Target.parse("llvm -mcpu=sapphirerapids -mattr=+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512dq,+avx512vl,"
+                          "+avx512bf16,+amx-tile,+amx-bf16 -threads=1")
+    workload = dense(128, 768, 768, dtype="bfloat16")
+    config = fallback_config(workload, target).to_dict()
+    assert config["isa"] == "amx-bf16" and config["tile_n"][2] == 32 and config["tile_k"][1] == 768
+    lead = lambda prefetch: itervar_features(lower(workload, target, get_space(workload, target).config(
+        config | {"prefetch": prefetch})), workload.flops)[-2]
+    assert lead(16) == log(16 * 16 * 128) and lead("shared") == log(384 * 128) and lead(0) == 0
+
+
 def test_the_share_of_threads_kept_busy_is_a_feature():
     """The last whole-program feature: dense's N = 768 on 2 threads in blocks of 8 × 32 columns is three blocks,
     one thread's two to the other's one (0.75); of 4 × 32, six (1.0); of 8 × 64, 512 columns and a peeled 256

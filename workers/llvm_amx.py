@@ -21,8 +21,10 @@ from itertools import groupby, product as pairs
 
 from llvmlite import ir
 
+from search_space.program import TILE_STEP as STEP
+
 I8, I32, I64, PTR, VOID = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.PointerType(), ir.VoidType()
-TILE, STEP, GROUP = 16, 16, 4  # rows and 32-bit columns of a tile; groups of k a step takes; bytes of a group
+TILE, GROUP = 16, 4  # rows and 32-bit columns of a tile; bytes of a group
 C_REGISTERS, A_REGISTERS, B_REGISTERS = (0, 1, 2, 3), (4, 5), (6, 7)  # the tile registers each operand's tiles use
 REGISTERS = len(C_REGISTERS + A_REGISTERS + B_REGISTERS)  # tile registers: eight
 LINE = 64  # bytes of a cache line
