@@ -235,10 +235,11 @@ def _freeze(value):
 
 def knob_distance(candidate, wanted) -> tuple:
     """How far a knob value is from the wanted one: log ratio for sizes (a split's innermost factor first,
-    so the register tile counts before the block; a size of 0, none, is as far from any other as can be), 0 or 1
-    for anything else."""
+    so the register tile counts before the block; a size of 0, none, is as far from any other as can be, and so is
+    a choice that is no size, such as AMX's "shared" prefetch against k steps), 0 or 1 for anything else."""
     if isinstance(wanted, tuple) and all(isinstance(x, int) for x in wanted):
         return tuple(abs(math.log(abs(a) / abs(b))) for a, b in reversed(list(zip(candidate, wanted))))
     if isinstance(wanted, int) and not isinstance(wanted, bool):
-        return (abs(math.log(candidate / wanted)) if candidate and wanted else 0.0 if candidate == wanted else math.inf,)
+        sized = candidate and wanted and isinstance(candidate, int)
+        return (abs(math.log(candidate / wanted)) if sized else 0.0 if candidate == wanted else math.inf,)
     return (0.0 if candidate == wanted else 1.0,)

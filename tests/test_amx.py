@@ -163,6 +163,8 @@ def test_row_blocks_sharing_a_panel_each_prefetch_a_share_of_the_next(threads):
     assert generated_assembly(program, target).count("prefetcht1") == 8 and "prefetcht1" not in generated_assembly(
         lower(workload, target, space.config(config.to_dict() | {"prefetch": 0})), target)
     assert all(config["prefetch"] != "shared" for config in configs_using(workload, target, "avx512bf16", count=12))
+    # a config wanted with k steps ahead (borrowed from a vector family, say) is fitted among the sizes
+    assert space.nearest(config.to_dict() | {"prefetch": 20})["prefetch"] == 16
     with pytest.raises(InvalidConfig):
         space.config(config.to_dict() | {"isa": "avx512bf16", "tile_m": [-1, 8, 8], "tile_n": [-1, 8, 32]})
 
