@@ -75,8 +75,8 @@ def _lead(stmt) -> int:
         return stmt.lead * stmt.buffer.itemsize
     if not (isinstance(stmt, Loop) and (stmt.ahead or stmt.share)):
         return 0
-    row = max(load.buffer.flat(load.index).coeff(stmt.var) * load.buffer.itemsize for site in _sites(stmt.body)
-              for load in loads(site.store.value) if load.buffer.scope == "packed")
+    row = max((load.buffer.flat(load.index).coeff(stmt.var) * load.buffer.itemsize for site in _sites(stmt.body)
+               for load in loads(site.store.value) if load.buffer.scope == "packed"), default=0)
     return row * (stmt.ahead * TILE_STEP if stmt.ahead else stmt.extent)
 
 

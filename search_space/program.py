@@ -184,8 +184,8 @@ class Loop:
     kind: str
     body: tuple[Stmt, ...]
     ahead: int = 0  # a tile nest's k loop: how many of its k steps (TILE_STEP groups) ahead the packed B is prefetched
-    # or (index, count): the tile nest is the index-th (an Affine) of `count` that read the same packed B rows, and
-    # prefetches, over its k steps, its share of the rows that follow them (the next panel, which the next run reads)
+    # a tile nest's k loop, instead: (index, count), the nest being the index-th (an Affine) of `count` that read the
+    # same packed B rows; it prefetches over its k steps its share of the rows that follow them (the next panel)
     share: tuple = ()
 
     def __post_init__(self):

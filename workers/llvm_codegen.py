@@ -331,7 +331,7 @@ class LLVMCodegen:
 
         tile_product(f.builder, self._extern, op.name, operand(store, c_offset, r), operand(terms[0], a_offset, r),
                      operand(terms[1], b_offset, q), rows.extent, columns.extent, nest.extent, self._configured,
-                     from_zero, nest.ahead, nest.share and (self.index(f, nest.share[0]), nest.share[1]))
+                     from_zero, nest.ahead, (self.index(f, nest.share[0]), nest.share[1]) if nest.share else None)
         f.forget(store.buffer.name)
 
     def interleaved_copy(self, f: _Function, vector: _Vector, group: Loop, store: Store) -> None:
