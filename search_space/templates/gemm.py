@@ -133,8 +133,8 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
 
     def valid(isa, tile_m, tile_n, vec, pack_b, unroll_k, prefetch):
         """Tiles for AMX, from A's rows as they lie, on a packed B, written back on 16 lanes, the k loop not unrolled
-        (the two knobs are fixed there); a register block for the vector families, prefetching only in dense, and
-        k steps ahead."""
+        (the two knobs are fixed there); a register block for the vector families, prefetching only in dense and
+        only k steps ahead (`shared` is a tile nest's)."""
         if isa in AMX:
             return a_rows and pack_b and vec == max(vec_choices) and unroll_k == 1 and whole_tiles(tile_m, tile_n)
         return fits(tile_m, tile_n, vec) and groups_read(isa, pack_b, vec) and streamed(pack_b, prefetch) and \
