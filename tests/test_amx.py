@@ -165,8 +165,10 @@ def test_row_blocks_sharing_a_panel_each_prefetch_a_share_of_the_next(threads):
     assert all(config["prefetch"] != "shared" for config in configs_using(workload, target, "avx512bf16", count=12))
     # a config wanted with k steps ahead (borrowed from a vector family, say) is fitted among the sizes
     assert space.nearest(config.to_dict() | {"prefetch": 20})["prefetch"] == 16
+    vector = config.to_dict() | {"isa": "avx512bf16", "tile_m": [-1, 8, 8], "tile_n": [-1, 8, 32]}
+    assert space.config(vector | {"prefetch": 0})["isa"] == "avx512bf16"  # valid but for the prefetch
     with pytest.raises(InvalidConfig):
-        space.config(config.to_dict() | {"isa": "avx512bf16", "tile_m": [-1, 8, 8], "tile_n": [-1, 8, 32]})
+        space.config(vector)
 
 
 def test_a_tile_product_without_amx_is_refused_by_the_code_generator():
