@@ -10,7 +10,7 @@ from bench.peak import peak_gflops, tile_peak_module
 from search_space import (InvalidConfig, Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target,
                           lower, matmul)
 from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, format_program, var
-from search_space.templates.gemm import FAMILIES as GEMM_FAMILIES, TILE, isas
+from search_space.templates.gemm import AMX_ROWS, FAMILIES as GEMM_FAMILIES, TILE, isas
 from workers.build import generated_assembly
 from workers.llvm_codegen import CodegenError, _zeroing_before_tiles, generate
 from workers.llvm_amx import CHUNK, GROUP, REGISTERS as TILE_REGISTERS, STEP, register_groups
@@ -29,9 +29,10 @@ SAPPHIRE = sapphire("amx-tile", "amx-bf16", "amx-int8")
 ONE = Target.parse("llvm -threads=1")
 # AMX family → its dtype, its instruction, the AVX-512 family below it
 FAMILIES = {"amx-bf16": ("bfloat16", "tdpbf16ps", "avx512bf16"), "amx-int8": ("int8", "tdpbusd", "avx512vnni")}
+# tails of rows, columns and k; the last shape's rows end in a block of 6: a turn and a half of the write-back's loop
 ODD_SHAPES = lambda dtype: [dense(33, 100, 77, bias=True, epilogue="gelu", dtype=dtype), matmul(64, 64, 3072, dtype=dtype),
                             batch_matmul(3, 17, 42, 31, dtype=dtype), dense(1, 40, 70, dtype=dtype),
-                            dense(100, 200, 97, bias=True, dtype=dtype)]
+                            dense(102, 200, 97, bias=True, dtype=dtype)]
 on_amx_host = pytest.mark.skipif("amx-tile" not in host_target().features,
                                  reason="the host has no AMX: its families are checked as assembly only")
 
@@ -169,6 +170,16 @@ def test_row_blocks_sharing_a_panel_each_prefetch_a_share_of_the_next(threads):
     assert space.config(vector | {"prefetch": 0})["isa"] == "avx512bf16"  # valid but for the prefetch
     with pytest.raises(InvalidConfig):
         space.config(vector)
+
+
+def test_an_amx_blocks_write_back_runs_its_rows_in_a_loop():
+    """AMX's C block lies in memory between tile products, so its write-back (here bias and GELU) runs AMX_ROWS rows
+    a turn of a loop: 32 rows in 8 turns. A vector family's block is registers: its rows stay unrolled."""
+    workload = dense(128, 3072, 768, bias=True, epilogue="gelu", dtype="bfloat16")
+    tiles = lower(workload, SAPPHIRE, fallback_config(workload, SAPPHIRE))
+    assert "for ro in range(8):\n" in format_program(tiles) and AMX_ROWS == 4
+    vector = lower(workload, SAPPHIRE, configs_using(workload, SAPPHIRE, "avx512bf16", count=1)[0])
+    assert "for ro" not in format_program(vector) and "unrolled for r in range(" in format_program(vector)
 
 
 def test_a_tile_product_without_amx_is_refused_by_the_code_generator():
