@@ -153,9 +153,13 @@ class ConfigSpace:
         jointly, earlier knobs first."""
         distance = distance or knob_distance
         index, scale = 0, 1
-        for digit in self._digits:
-            values = min(digit.values, key=lambda v: [distance(x, wanted[n]) for n, x in zip(digit.names, v)])
-            index += self._position[self._digits.index(digit)][values] * scale
+        for digit, position in zip(self._digits, self._position):
+            values = digit.values
+            for i, name in enumerate(digit.names):  # each knob keeps the closest of the tuples the ones before kept
+                far = {x: distance(x, wanted[name]) for x in {v[i] for v in values}}
+                closest = min(far.values())
+                values = [v for v in values if far[v[i]] == closest]
+            index += position[values[0]] * scale
             scale *= len(digit.values)
         return self.get(index)
 
