@@ -28,6 +28,16 @@ def test_get_and_index_of_are_inverse():
         assert space.index_of(config.to_dict()) == index
 
 
+def test_nearest_chooses_constrained_knobs_jointly_earlier_knobs_first():
+    """a=3 wanted with b=8 violates a·b ≤ 8: a is kept (it comes first) and b takes the closest value that fits it
+    (2, a log ratio of 1.39 from 8, where 4 would not fit); c, alone in its digit, is matched as it is; a value that
+    is no candidate (a=5) takes the nearest that is (3)."""
+    space = small_space()
+    assert space.nearest({"a": 3, "b": 8, "c": "y"}).to_dict() == {"a": 3, "b": 2, "c": "y"}
+    assert space.nearest({"a": 5, "b": 1, "c": "x"}).to_dict() == {"a": 3, "b": 1, "c": "x"}
+    assert space.nearest({"a": 1, "b": 8, "c": "x"}).to_dict() == {"a": 1, "b": 8, "c": "x"}
+
+
 def test_index_beyond_int64():
     knobs = [Knob(f"k{i}", "knob", tuple(range(10))) for i in range(25)]
     space = ConfigSpace(knobs)
