@@ -93,13 +93,32 @@ class ConfigSpace:
         digits = []
         for group in sorted(groups, key=lambda g: min(order.index(n) for n in g)):
             names = tuple(n for n in order if n in group)
-            rules = [(ns, rule) for ns, rule in constraints if set(ns) <= group]
-            values = tuple(v for v in itertools.product(*(self.knobs[n].candidates for n in names))
-                           if all(rule(*(v[names.index(n)] for n in ns)) for ns, rule in rules))
+            values = self._valid_tuples(names, [(ns, rule) for ns, rule in constraints if set(ns) <= group])
             if not values:
                 raise ValueError(f"constraints leave no valid value for knobs {', '.join(names)}")
             digits.append(_Digit(names, values))
         return digits
+
+    def _valid_tuples(self, names: tuple[str, ...], rules: list) -> tuple[tuple, ...]:
+        """The tuples of the knobs `names` that every rule allows, in the order of their product (the first name
+        most significant). Built a knob at a time, each rule checked once its knobs are all chosen, the knobs of
+        the rules of most knobs first (they prune the largest products). A bf16 GEMM's space on an AMX target
+        (dense 128×3072×768: 191 thousand valid tuples of seven knobs) took 3.4 s as a filtered product, its rule
+        checked on 1.5 million tuples."""
+        chosen: list[str] = []
+        for ns, _ in sorted(rules, key=lambda rule: -len(rule[0])):
+            chosen += [n for n in names if n in ns and n not in chosen]
+        chosen += [n for n in names if n not in chosen]
+        candidates = [self.knobs[n].candidates for n in chosen]
+        partial = [()]  # positions among the candidates of the knobs chosen so far
+        for depth, name in enumerate(chosen, 1):
+            now = [([chosen.index(n) for n in ns], rule) for ns, rule in rules
+                   if name in ns and set(ns) <= set(chosen[:depth])]
+            extended = (p + (c,) for p in partial for c in range(len(candidates[depth - 1])))
+            partial = [v for v in extended if all(rule(*(candidates[i][v[i]] for i in at)) for at, rule in now)]
+        at = [chosen.index(n) for n in names]
+        in_order = sorted(tuple(v[i] for i in at) for v in partial)
+        return tuple(tuple(candidates[i][x] for i, x in zip(at, v)) for v in in_order)
 
     def restrict(self, allowed: dict[str, tuple]) -> ConfigSpace:
         """The sub-space whose named knobs keep only the `allowed` values (same constraints): small

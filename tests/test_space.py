@@ -21,6 +21,19 @@ def test_len_counts_exactly_the_valid_points():
     assert sorted((c["a"], c["b"], c["c"]) for c in space) == sorted(valid)
 
 
+def test_the_valid_tuples_come_in_the_order_of_the_filtered_product():
+    """The space is built a knob at a time, the knobs of the largest rule first; its indices are still those of the
+    product of the knobs in declared order, filtered: a record's index means the same config."""
+    knobs = [Knob("a", "knob", (1, 2, 3, 4)), Knob("b", "knob", (4, 2, 1)), Knob("c", "knob", ("x", "y", "z")),
+             Knob("d", "knob", (True, False)), Knob("e", "knob", (0, 1))]
+    rules = [(("a", "b"), lambda a, b: a * b <= 8), (("c", "b", "d"), lambda c, b, d: c != "x" or d or b > 1),
+             (("e", "c"), lambda e, c: e == 0 or c == "z")]  # b, c and d are chosen first, then a, then e
+    space = ConfigSpace(knobs, rules)
+    product = [dict(zip("abcde", v)) for v in itertools.product(*(k.candidates for k in knobs))]
+    valid = [v for v in product if all(rule(*(v[n] for n in names)) for names, rule in rules)]
+    assert [config.to_dict() for config in space] == valid and len(valid) < len(product)
+
+
 def test_get_and_index_of_are_inverse():
     space = get_space(dense(128, 768, 768), HOST)
     for index in random.Random(0).sample(range(space.size), 200) + [0, space.size - 1]:

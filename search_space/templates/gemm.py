@@ -132,17 +132,17 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     a_strides = workload.operand_strides("A")
     a_rows = a_strides is None or a_strides[2] == 1  # a tile row of A is k's groups side by side
 
-    def valid(isa, tile_m, tile_n, vec, pack_b, unroll_k, prefetch):
-        """Tiles for AMX, from A's rows as they lie, on a packed B, written back on 16 lanes, the k loop not unrolled
-        (the two knobs are fixed there); a register block for the vector families, prefetching only in dense and
-        only k steps ahead (`shared` is a tile nest's)."""
-        if isa in AMX:
-            return a_rows and pack_b and vec == max(vec_choices) and unroll_k == 1 and whole_tiles(tile_m, tile_n)
-        return fits(tile_m, tile_n, vec) and groups_read(isa, pack_b, vec) and streamed(pack_b, prefetch) and \
-            prefetch != SHARED
-
-    return ConfigSpace(knobs, [(("isa", "tile_m", "tile_n", "vec", "pack_b", "unroll_k", "prefetch"), valid)],
-                       strata="isa")
+    # tiles for AMX, from A's rows as they lie, on a packed B, written back on 16 lanes, the k loop not unrolled (the
+    # two knobs are fixed there); a register block for the vector families, prefetching only in dense and only k
+    # steps ahead (`shared` is a tile nest's). Four rules, not one of seven knobs: the space is built a knob at a time
+    amx_or = lambda isa, tiles, vector: tiles if isa in AMX else vector
+    return ConfigSpace(knobs, [
+        (("isa", "tile_m", "tile_n", "vec"), lambda isa, tile_m, tile_n, vec: amx_or(
+            isa, whole_tiles(tile_m, tile_n) and vec == max(vec_choices), fits(tile_m, tile_n, vec))),
+        (("isa", "pack_b", "vec"), lambda isa, pack_b, vec: amx_or(isa, a_rows and pack_b, groups_read(isa, pack_b, vec))),
+        (("isa", "unroll_k"), lambda isa, unroll_k: amx_or(isa, unroll_k == 1, True)),
+        (("isa", "pack_b", "prefetch"), lambda isa, pack_b, prefetch: amx_or(
+            isa, True, streamed(pack_b, prefetch) and prefetch != SHARED))], strata="isa")
 
 
 def version(workload: Workload, target: Target) -> int:
