@@ -351,9 +351,10 @@ class _Gemm:
 
     def _rows(self, height: int, body) -> list:
         """Rows 0..height of the register block, unrolled: vector registers need constant rows. AMX's block lies in
-        memory between tile products, so its rows run in a loop, AMX_ROWS a turn: the AMX reference checks of odd
-        shapes compiled 2.5-3x faster, and BERT-base's bf16 dense shapes ran at 0.94-1.04x the speed of all rows
-        unrolled (an Intel AMX host, 1 thread, hot or rotated weights: as wide as that host's noise)."""
+        memory between tile products, so its rows run in a loop, AMX_ROWS a turn: configs of odd shapes compiled
+        1.5-2.4x faster (2.4x with tails of rows and an epilogue), and BERT-base's bf16 dense shapes ran at
+        0.94-1.07x the speed of all rows unrolled (an Intel AMX host, 1 and 2 threads, hot or rotated weights: as
+        wide as that host's noise)."""
         if self.isa not in AMX:
             return [Loop("r", height, "unrolled", tuple(body(var("r"))))]
         return tiled("ro", height, AMX_ROWS, 0, lambda r0, h: [Loop("r", h, "unrolled", tuple(body(r0 + var("r"))))])
