@@ -13,7 +13,6 @@ the large one, instead of once in a thousand.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import random

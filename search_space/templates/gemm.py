@@ -139,7 +139,8 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     return ConfigSpace(knobs, [
         (("isa", "tile_m", "tile_n", "vec"), lambda isa, tile_m, tile_n, vec: amx_or(
             isa, whole_tiles(tile_m, tile_n) and vec == max(vec_choices), fits(tile_m, tile_n, vec))),
-        (("isa", "pack_b", "vec"), lambda isa, pack_b, vec: amx_or(isa, a_rows and pack_b, groups_read(isa, pack_b, vec))),
+        (("isa", "pack_b", "vec"), lambda isa, pack_b, vec: amx_or(
+            isa, a_rows and pack_b, groups_read(isa, pack_b, vec))),
         (("isa", "unroll_k"), lambda isa, unroll_k: amx_or(isa, unroll_k == 1, True)),
         (("isa", "pack_b", "prefetch"), lambda isa, pack_b, prefetch: amx_or(
             isa, True, streamed(pack_b, prefetch) and prefetch != SHARED))], strata="isa")
