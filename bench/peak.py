@@ -19,7 +19,7 @@ from workers.kernel import cfunc
 from workers.llvm_jit import compile_module
 from workers.timing import time_samples
 
-CHAINS = 12  # FMA latency 4 × 2 pipes, plus slack: enough independent chains to fill both FMA units
+MOST_CHAINS = 24  # two pipes of a 6-cycle dot (Zen 5's vdpbf16ps: 8% under its peak on 12 chains), plus slack
 ITERATIONS = 200_000
 
 
@@ -32,17 +32,24 @@ TILE_ITERATIONS = 20_000
 WIDEN_OPS = 8  # int8's `widen`: a byte quad's dot, four multiply-adds a 32-bit lane
 
 
-def peak_program(threads: int, width: int, family: str = "fma") -> Program:
-    """CHAINS accumulator vectors, each updated ITERATIONS times by the family's instruction: `fma` by
+def chains(target: Target) -> int:
+    """Independent accumulator vectors a thread of a peak kernel carries: enough to keep two pipes of the slowest
+    family busy through its latency, and no more than the register file holds beside the operands (AVX2's 16
+    registers: 12)."""
+    return min(MOST_CHAINS, target.vector_registers - 4)
+
+
+def peak_program(threads: int, width: int, family: str, accumulators: int) -> Program:
+    """`accumulators` vectors, each updated ITERATIONS times by the family's instruction: `fma` by
     acc·x + y, a group dot by the dot of x's first group with y's group in each lane."""
     from search_space.templates.gemm import DOTS
 
     a_dtype, b_dtype, sums, _ = FAMILIES[family]
     group = 4 // ITEMSIZE[a_dtype]
     x, y = Buffer("x", (group * width,), "input", a_dtype), Buffer("y", (group * width,), "input", b_dtype)
-    out = Buffer("out", (threads, CHAINS, width), "output", sums)
-    acc = Buffer("acc", (CHAINS, width), "register", sums)
-    lanes = lambda body: Loop("a", CHAINS, "unrolled", (Loop("l", width, "vectorized", (body,)),))
+    out = Buffer("out", (threads, accumulators, width), "output", sums)
+    acc = Buffer("acc", (accumulators, width), "register", sums)
+    lanes = lambda body: Loop("a", accumulators, "unrolled", (Loop("l", width, "vectorized", (body,)),))
     a, l = var("a"), var("l")
     update = Op("fma", (acc[a, l], x[l], y[l])) if family == "fma" else \
         Op(DOTS[family], tuple(v for j in range(group) for v in (x[j], y[l * group + j])) + (acc[a, l],))
@@ -55,16 +62,16 @@ def peak_program(threads: int, width: int, family: str = "fma") -> Program:
 
 
 def peak_call(target: Target, family: str = "fma") -> tuple[Callable[[], None], int]:
-    """A zero-argument call running CHAINS independent chains of the family's instruction per thread at the
+    """A zero-argument call running `chains(target)` independent chains of the family's instruction per thread at the
     target's widest vector width, and the flops of one call. It touches no memory: only the cores' own speed
     shows."""
-    width = target.vector_bits // 32
-    (function,), compiled = compile_program(peak_program(target.threads, width, family), target)
+    width, count = target.vector_bits // 32, chains(target)
+    (function,), compiled = compile_program(peak_program(target.threads, width, family, count), target)
     a_dtype, b_dtype, sums, flops_per_lane = FAMILIES[family]
     x, y = (np.ones(4 // ITEMSIZE[a_dtype] * width, dtype) for dtype in (a_dtype, b_dtype))  # as peak_program's
-    out = np.empty((target.threads, CHAINS, width), sums)
+    out = np.empty((target.threads, count, width), sums)
     call = lambda: (compiled, function(x.ctypes.data, y.ctypes.data, out.ctypes.data))  # keeps the machine code alive
-    return call, flops_per_lane * width * CHAINS * ITERATIONS * target.threads
+    return call, flops_per_lane * width * count * ITERATIONS * target.threads
 
 
 def tile_peak_module(family: str) -> ir.Module:
@@ -99,7 +106,7 @@ def tile_peak_module(family: str) -> ir.Module:
 
 
 def widen_peak_module(target: Target) -> ir.Module:
-    """`void peak(ptr out)`: ITERATIONS times, CHAINS accumulator vectors of the target's widest width each add the
+    """`void peak(ptr out)`: ITERATIONS times, `chains(target)` accumulator vectors of the target's widest width each add the
     byte-quad dot as the code generator's `widen` runs it on x86: two pmaddwd of 16-bit halves (the accumulator's own
     bits as A's, so that nothing is loop-invariant; two B operands), and their sum."""
     width = target.vector_bits // 32
@@ -113,7 +120,7 @@ def widen_peak_module(target: Target) -> ir.Module:
     entry, loop, done = b.block, function.append_basic_block("loop"), function.append_basic_block("done")
     b.branch(loop)
     b.position_at_end(loop)
-    index, carried = b.phi(i64), [b.phi(words) for _ in range(CHAINS)]
+    index, carried = b.phi(i64), [b.phi(words) for _ in range(chains(target))]
     following = []
     for acc in carried:
         a = b.bitcast(acc, halves)
@@ -152,9 +159,9 @@ def tile_peak_call(target: Target, family: str) -> tuple[Callable[[], None], int
 def widen_peak_call(target: Target) -> tuple[Callable[[], None], int]:
     """A call running the widened byte-quad dot's peak kernel on each of the target's threads at once, at its widest
     vector width, and the operations of one call."""
-    width = target.vector_bits // 32
-    return (threaded_call(widen_peak_module(target), target, 4 * width * CHAINS),
-            WIDEN_OPS * width * CHAINS * ITERATIONS * target.threads)
+    width, count = target.vector_bits // 32, chains(target)
+    return (threaded_call(widen_peak_module(target), target, 4 * width * count),
+            WIDEN_OPS * width * count * ITERATIONS * target.threads)
 
 
 def has_widen_peak(target: Target) -> bool:
