@@ -34,6 +34,16 @@ def test_the_valid_tuples_come_in_the_order_of_the_filtered_product():
     assert [config.to_dict() for config in space] == valid and len(valid) < len(product)
 
 
+def test_a_rule_is_asked_once_for_each_combination_of_its_knobs():
+    """(c, d) is checked after a, b and c are chosen (the larger rule's knobs first): among the partial tuples its
+    combinations repeat, and it is asked once for each of the 10 × 10, not once for each of the 100 (a, b, c)
+    tuples times 10 values of d."""
+    asked = []
+    knobs = [Knob(name, "knob", tuple(range(10))) for name in "abcd"]
+    rules = [(("a", "b", "c"), lambda a, b, c: a + b + c < 100), (("c", "d"), lambda c, d: asked.append((c, d)) or c != d)]
+    space = ConfigSpace(knobs, rules)
+    assert len(asked) == len(set(asked)) == 100 and len(space) == 10_000 * 9 // 10
+
 def test_get_and_index_of_are_inverse():
     space = get_space(dense(128, 768, 768), HOST)
     for index in random.Random(0).sample(range(space.size), 200) + [0, space.size - 1]:
