@@ -12,7 +12,6 @@ template can express.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from dataclasses import dataclass, replace
@@ -22,12 +21,11 @@ import numpy as np
 from rich import box
 from rich.console import Console
 from rich.table import Column, Table
-from threadpoolctl import threadpool_info
 
 from search_space import (Config, InvalidConfig, Target, TargetError, Workload, batch_matmul, conv2d, dense,
                           fallback_config, get_space, matmul, seed_configs)
 from search_space.templates import TEMPLATES
-from workers import build
+from workers import build, openblas
 from workers.reference import head_to_head, inference_call, reference_calls
 from workers.task import MeasureOptions, timed_call
 
@@ -131,13 +129,6 @@ def fastest_again(workload: Workload, target: Target, finalists: list[Measured],
     return min(finalists, key=lambda m: seconds[str(m.config.index)])
 
 
-def blas_description() -> str:
-    info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
-    kernel = ", ".join(f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')})" for i in info)
-    env = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
-    return kernel + (f"; environment {env}" if env else "")
-
-
 def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quick: bool,
                 peaks: dict[str, float] | None = None, transplanted: Sequence[Config] = ()) -> dict:
     """Search one shape, then time the best config head to head with the references and with the peak kernel of
@@ -180,7 +171,9 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
     if quick:
         shapes = [w for w in shapes if w in (every[1], every[2], every[5])] or shapes
     console = Console(stderr=json_lines)
-    console.print(f"BLAS: {blas_description()}")
+    console.print(f"BLAS: {openblas.description()}")
+    if (note := openblas.forced_note()) is not None:
+        console.print(f"[yellow]{note}[/yellow]", highlight=False)
     from db.matching import fitted_ways  # here: the GPU benchmark, which imports `search`, runs without SQLAlchemy
 
     rows, one_thread = [], replace(host, threads=1)

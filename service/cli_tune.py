@@ -149,6 +149,8 @@ def tune(op: str = OP_ARGUMENT,
 def print_stored_best(database, workload, target) -> bool:
     """The stored best (what `best` and apply_history_best use) and, timed now against the reference (NumPy's in
     float32, cuBLAS's on a GPU), what it gives; False when no config of the workload was ever measured ok."""
+    from workers import openblas
+
     info = stored_best(database, workload, target)
     if info is None:
         console.print(f"[red]no config of {workload.key} on {target} measured ok[/red]", highlight=False)
@@ -162,6 +164,8 @@ def print_stored_best(database, workload, target) -> bool:
     caches = "its L2 flushed before each call" if target.kind == "cuda" else "warm caches"
     print(f"  {ours:.1f} GFLOPS timed now with {caches}, alternately with {reference}'s {theirs:.1f} GFLOPS "
           f"({ours / theirs:.2f}x)")
+    if reference == "NumPy" and (note := openblas.forced_note()) is not None:
+        print(f"  ({note})")
     if ours < 0.9 * info["gflops"]:
         print("  (the gap: tuning timed the bare kernel, picking its luckiest run; now each call also pays "
               "Python's few microseconds, and a noisy machine shows more)")

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from bench.kernels import bench_shape
 from search_space import Target, matmul
 from service.cli import app
+from workers import openblas
 
 FIELDS = {"workload", "threads", "gflops", "numpy_gflops", "torch_gflops", "ratio", "peak_fraction", "config",
           "launch_us"}
@@ -29,6 +30,9 @@ def test_bench_kernels_json_lines():
         best_reference = max(row["numpy_gflops"], row["torch_gflops"] or 0)
         assert row["ratio"] == pytest.approx(row["gflops"] / best_reference, rel=0.05, abs=0.002)  # both rounded
         assert set(row["config"]["knobs"]) >= {"tile_m", "tile_n", "vec", "parallel", "pack_b"}
+    note = openblas.forced_note()  # where the environment forced NumPy's kernel (tests/test_openblas.py), it says so
+    said = " ".join(result.output.split())
+    assert " ".join(note.split()) in said if note else "which the environment forces" not in said
 
 
 

@@ -63,9 +63,9 @@ def test_a_bad_db_is_one_line_naming_it_and_why_for_every_command(tmp_path):
             assert lines[0].startswith(f"error: cannot open {shown}") and why in lines[0], (argv, lines)
 
 
-def tune_output(folder: Path, *extra: str) -> str:
+def tune_output(folder: Path, *extra: str, env: dict | None = None) -> str:
     done = subprocess.run(CLI + TUNE + ["--trials", "6", *extra], cwd=folder, capture_output=True, text=True,
-                          timeout=300, env={"COLUMNS": "80", "PATH": str(Path(sys.executable).parent)})
+                          timeout=300, env={"COLUMNS": "80", "PATH": str(Path(sys.executable).parent)} | (env or {}))
     assert done.returncode == 0, done.stderr
     return done.stdout + done.stderr
 
@@ -76,10 +76,12 @@ def test_a_finished_tune_run_again_shows_the_stored_best_and_again_skips_what_is
     assert len(bar) <= 80 and "6/6" in bar and re.search(r"best +\d+\.\d GFLOPS", bar) and re.search(r"\d:\d\d:\d\d", bar)
     stored = re.search(r"stored best for this machine .*: config (\d+), job 1", first)
     assert stored and "timed now with warm caches, alternately with NumPy" in first
+    assert "which the environment forces" not in first
 
-    rerun = tune_output(tmp_path)
+    rerun = tune_output(tmp_path, env={"OPENBLAS_CORETYPE": "Prescott"})  # NumPy on a 2004 CPU's kernel
     assert "job 1 already tuned this" in rerun and f"config {stored.group(1)}, job 1" in rerun
     assert "tuning matmul" not in rerun
+    assert "which the environment forces (OPENBLAS_CORETYPE=Prescott); on this CPU it would run" in rerun
 
     again = tune_output(tmp_path, "--again")
     assert "job 2: 6 trials (0 resumed; started from 6 stored measurements, none remeasured)" in again
