@@ -19,7 +19,7 @@ from workers.kernel import cfunc
 from workers.llvm_jit import compile_module
 from workers.timing import time_samples
 
-MOST_CHAINS = 24  # two pipes of a 6-cycle dot (Zen 5's vdpbf16ps: 8% under its peak on 12 chains), plus slack
+MOST_CHAINS = 24  # two pipes of a dot slower than the FMA (Zen 5's vdpbf16ps: 8% under its rate on 12), and slack
 ITERATIONS = 200_000
 
 
@@ -106,9 +106,9 @@ def tile_peak_module(family: str) -> ir.Module:
 
 
 def widen_peak_module(target: Target) -> ir.Module:
-    """`void peak(ptr out)`: ITERATIONS times, `chains(target)` accumulator vectors of the target's widest width each add the
-    byte-quad dot as the code generator's `widen` runs it on x86: two pmaddwd of 16-bit halves (the accumulator's own
-    bits as A's, so that nothing is loop-invariant; two B operands), and their sum."""
+    """`void peak(ptr out)`: ITERATIONS times, `chains(target)` accumulator vectors of the target's widest width each
+    add the byte-quad dot as the code generator's `widen` runs it on x86: two pmaddwd of 16-bit halves (the
+    accumulator's own bits as A's, so that nothing is loop-invariant; two B operands), and their sum."""
     width = target.vector_bits // 32
     module = ir.Module(name="peak_widen")
     i64, words = ir.IntType(64), ir.VectorType(ir.IntType(32), width)

@@ -40,7 +40,8 @@ def test_a_rule_is_asked_once_for_each_combination_of_its_knobs():
     tuples times 10 values of d."""
     asked = []
     knobs = [Knob(name, "knob", tuple(range(10))) for name in "abcd"]
-    rules = [(("a", "b", "c"), lambda a, b, c: a + b + c < 100), (("c", "d"), lambda c, d: asked.append((c, d)) or c != d)]
+    rules = [(("a", "b", "c"), lambda a, b, c: a + b + c < 100),
+             (("c", "d"), lambda c, d: asked.append((c, d)) or c != d)]
     space = ConfigSpace(knobs, rules)
     assert len(asked) == len(set(asked)) == 100 and len(space) == 10_000 * 9 // 10
 

@@ -11,8 +11,9 @@ import sys
 from threadpoolctl import threadpool_info
 
 FORCING = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-_KERNELS = ("import numpy, threadpoolctl\n"
-            "print(*sorted({i.get('architecture') for i in threadpoolctl.threadpool_info() if i.get('user_api') == 'blas'}))")
+_KERNELS = ("import numpy, threadpoolctl\n"  # the kernels of the BLAS libraries NumPy loads, as `kernels` reads them
+            "print(*sorted({i.get('architecture') for i in threadpoolctl.threadpool_info()\n"
+            "               if i.get('user_api') == 'blas'}))")
 
 
 def description() -> str:
@@ -23,12 +24,17 @@ def description() -> str:
     return kernel + (f"; environment {env}" if env else "")
 
 
+def kernels() -> list[str]:
+    """The kernels (OpenBLAS's `architecture`) of the BLAS libraries NumPy loaded."""
+    return sorted({i.get("architecture") for i in threadpool_info() if i.get("user_api") == "blas"})
+
+
 def forced_note() -> str | None:
     """A line saying that NumPy's figures are of a kernel the environment forced, and which one OpenBLAS would run
     on this CPU; None where nothing is forced or the kernel is the same."""
     if not any(k in os.environ for k in FORCING):
         return None
-    running = sorted({i.get("architecture") for i in threadpool_info() if i.get("user_api") == "blas"})
+    running = kernels()
     unforced = {k: v for k, v in os.environ.items() if k not in FORCING}
     own = subprocess.run([sys.executable, "-c", _KERNELS], env=unforced, capture_output=True, text=True,
                          timeout=120).stdout.split()
