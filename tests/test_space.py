@@ -45,6 +45,7 @@ def test_a_rule_is_asked_once_for_each_combination_of_its_knobs():
     space = ConfigSpace(knobs, rules)
     assert len(asked) == len(set(asked)) == 100 and len(space) == 10_000 * 9 // 10
 
+
 def test_get_and_index_of_are_inverse():
     space = get_space(dense(128, 768, 768), HOST)
     for index in random.Random(0).sample(range(space.size), 200) + [0, space.size - 1]:
