@@ -1,14 +1,14 @@
 """`tensortune bench model MODEL --profile`: where a model's time goes, before anything is changed to win it back.
 
-Each tuned op of the model (a task, as extract_tasks finds it) is timed three ways in one run, a dense op four: in
-the model, each kernel call of the tensortune backend timed by the clock around it (weights coming from memory,
-threads woken between PyTorch's operators; torch.profiler's events added up to 65 µs a call, twice a small kernel's
-time); alone, its kernel with the config the backend picks, weights bound; alone, the PyTorch operators eager runs
-for it (dense's bias and activation included), alternating with the kernel; and for dense, alone, oneDNN's packed
-linear, what Inductor's max-autotune with freezing runs for it where it picks oneDNN. Counted as often as a forward
-pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the kernels do not account
-for of tensortune's time in the model is the time outside them; eager's is estimated from its operators' times
-alone."""
+Each tuned op of the model (a task, as extract_tasks finds it) is timed three ways in one run, a dense or conv2d op
+four: in the model, each kernel call of the tensortune backend timed by the clock around it (weights coming from
+memory, threads woken between PyTorch's operators; torch.profiler's events added up to 65 µs a call, twice a small
+kernel's time); alone, its kernel with the config the backend picks, weights bound; alone, the PyTorch operators
+eager runs for it (dense's bias and activation included), alternating with the kernel; and alone, oneDNN's packed
+linear or convolution, what Inductor's max-autotune with freezing runs for it where it picks oneDNN. Counted as
+often as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the
+kernels do not account for of tensortune's time in the model is the time outside them; eager's is estimated from
+its operators' times alone."""
 from __future__ import annotations
 
 from typing import Callable
@@ -21,7 +21,7 @@ from search_space import Target, Workload
 from workers.reference import head_to_head, inference_call, int8_calls, torch_conv2d, torch_epilogue
 from workers.torch_arrays import torch_tensor
 
-# oneDNN's fused post-op (attribute, algorithm) for each dense epilogue
+# oneDNN's fused post-op (attribute, algorithm) for each epilogue
 ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}
 PREFIX = "tensortune "  # the backend's names of its kernel calls: this and the workload's key
 FORWARDS = 10  # forward passes whose kernel calls are timed
@@ -44,18 +44,32 @@ def torch_op(workload: Workload, inputs: list, threads: int) -> Callable:
     return lambda: torch.matmul(*tensors)
 
 
-def onednn_linear(workload: Workload, inputs: list) -> Callable | None:
-    """Dense as Inductor's max-autotune with freezing runs it where it picks oneDNN: the weight reordered once for
-    the batch size, the epilogue a fused post-op (`torch.ops.mkldnn._linear_pointwise`). None for other ops, int8
-    and a PyTorch without oneDNN."""
+def onednn_packed(workload: Workload, inputs: list) -> Callable | None:
+    """The op as Inductor's max-autotune with freezing runs it where it picks oneDNN: the weight reordered once,
+    the epilogue a fused post-op. Dense as `torch.ops.mkldnn._linear_pointwise` (its weight reordered for the batch
+    size); conv2d as `_convolution_pointwise` on channels-last data (the layout Inductor keeps a convolutional
+    network's activations in), its output channels-last too, the residual a fused binary add (max-autotune runs
+    ResNet-18 as 12 such calls and 8 that add in place into the residual's buffer). None for other ops, int8 and a
+    PyTorch without oneDNN."""
     import torch
 
-    if workload.op != "dense" or workload.dtype == "int8" or not torch.backends.mkldnn.is_available():
+    if workload.op not in ("dense", "conv2d") or workload.dtype == "int8" or not torch.backends.mkldnn.is_available():
         return None
-    x, w, *bias = [torch_tensor(a) for a in inputs]
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, x.shape[0])
-    attribute, algorithm = ONEDNN_EPILOGUES[workload.p["epilogue"]]
-    return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias[0] if bias else None, attribute, [], algorithm)
+    named = dict(zip((name for name, _ in workload.operand_shapes()), (torch_tensor(a) for a in inputs)))
+    p, bias = workload.p, named.get("bias")
+    attribute, algorithm = ONEDNN_EPILOGUES[p["epilogue"]]
+    if workload.op == "dense":
+        x, packed = named["X"], torch.ops.mkldnn._reorder_linear_weight(named["W"], named["X"].shape[0])
+        return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, attribute, [], algorithm)
+    x = named["data"].contiguous(memory_format=torch.channels_last)
+    geometry = ([p["pad"]] * 2, [p["stride"]] * 2, [1, 1], 1)
+    packed = torch.ops.mkldnn._reorder_convolution_weight(named["weight"], *geometry, list(x.shape))
+    if "residual" not in named:
+        return lambda: torch.ops.mkldnn._convolution_pointwise(x, packed, bias, *geometry, attribute, [], algorithm)
+    residual = named["residual"].contiguous(memory_format=torch.channels_last)
+    unary = None if attribute == "none" else attribute  # (the binary form takes no "none")
+    return lambda: torch.ops.mkldnn._convolution_pointwise.binary(x, residual, packed, bias, *geometry, "add", None,
+                                                                   unary, [], algorithm)
 
 
 def in_model_seconds(compiled, inputs: tuple) -> dict[str, float]:
@@ -71,8 +85,9 @@ def in_model_seconds(compiled, inputs: tuple) -> dict[str, float]:
 
 
 def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str) -> list[dict]:
-    """Per task: µs per call in the model and alone, PyTorch's alone (and oneDNN's packed linear's, for dense), and
-    the ms per forward pass tensortune loses alone against PyTorch (negative: wins); the largest loss first."""
+    """Per task: µs per call in the model and alone, PyTorch's alone (and oneDNN's packed op's, for dense and
+    conv2d), and the ms per forward pass tensortune loses alone against PyTorch (negative: wins); the largest loss
+    first."""
     from frontend.shapes import Kernels
 
     target_ = Target.parse(target)
@@ -83,7 +98,7 @@ def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str
         inputs = task.workload.random_inputs()
         tuned, _ = inference_call(kernels.get(task.workload), inputs)
         calls = {"tensortune": tuned, "torch": torch_op(task.workload, inputs, target_.threads),
-                 "onednn": onednn_linear(task.workload, inputs)}
+                 "onednn": onednn_packed(task.workload, inputs)}
         seconds = head_to_head({way: call for way, call in calls.items() if call is not None}, target_.threads,
                                rounds=3)
         key = task.workload.key

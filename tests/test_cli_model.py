@@ -10,9 +10,11 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from bench.profile import print_profile
+from bench.profile import onednn_packed, print_profile
 from db import Database
+from search_space import batch_matmul, conv2d, dense
 from service.cli import app
+from workers.torch_arrays import numpy_array
 
 MODEL_FILE = '''
 import torch
@@ -283,6 +285,25 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     table = capsys.readouterr().out
     assert "dense M=4 N=32 K=16 bias=true epilogue=relu" in table
     assert f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms" in table
+
+
+@pytest.mark.parametrize("workload", [
+    dense(5, 24, 16, bias=True, epilogue="gelu"), dense(3, 8, 16).in_dtype("bfloat16"),
+    conv2d(1, 16, 9, 9, 24, 3, 3, 2, 1, bias=True, residual=True, epilogue="relu"),  # a basic block's second
+    conv2d(2, 3, 11, 8, 8, 7, 7, 2, 3), conv2d(1, 8, 6, 6, 16, 1, 1, 2, 0, bias=True, epilogue="gelu_erf"),
+    conv2d(1, 8, 6, 6, 16, 3, 3, 1, 1, residual=True).in_dtype("bfloat16"),
+], ids=lambda workload: workload.key)
+def test_the_onednn_column_times_the_op_itself(workload):
+    """The packed oneDNN call beside a dense or conv2d op (what max-autotune with freezing runs) computes the
+    workload's reference: its fused bias, residual and epilogue, a convolution's channels-last output read back."""
+    inputs = workload.random_inputs()
+    result = numpy_array(onednn_packed(workload, inputs)().contiguous())
+    assert workload.max_error(result, workload.reference(*inputs)) <= 1
+
+
+def test_no_onednn_column_for_products_it_has_no_packed_op_for():
+    for workload in (batch_matmul(2, 8, 8, 8), dense(4, 8, 16).in_dtype("int8")):
+        assert onednn_packed(workload, workload.random_inputs()) is None
 
 
 def test_presets_are_made_at_any_sequence_length():
