@@ -169,14 +169,18 @@ def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool,
         max_autotune: bool = False, profile: bool = False, dtype: str = "float32", training: bool = False,
         rounds: int = 5) -> list[dict]:
     """Time each of `models` (name → (model, inputs by sequence length), as frontend.presets.load_model_at gives
-    them) in `rounds` alternating rounds: one row per model and length; with `profile`, each row also holds its
-    tuned ops' times beside PyTorch's (bench.profile) and each way's time outside them."""
+    them) in `rounds` alternating rounds: one row per model and length, each naming the malloc every way ran under
+    (bench.allocator); with `profile`, each row also holds its tuned ops' times beside PyTorch's (bench.profile) and
+    each way's time outside them."""
+    from .allocator import allocator
     from .profile import print_profile
 
-    rows = []
+    rows, malloc = [], allocator()
+    Console(stderr=json_lines).print(f"allocator: {malloc}", highlight=False)
     for name, (model, inputs_at) in models.items():
         for row in measure_at_lengths(name, model, inputs_at, db, target, rounds, inductor, max_autotune, profile,
                                       dtype, training):
+            row["allocator"] = malloc
             rows.append(row)
             if json_lines:
                 print(json.dumps(row), flush=True)

@@ -10,6 +10,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from bench.allocator import allocator
 from bench.profile import onednn_packed, print_profile
 from db import Database
 from search_space import batch_matmul, conv2d, dense
@@ -257,6 +258,8 @@ def test_bench_model_times_every_way_at_every_length(tmp_path):
         # ms are rounded to 3 decimals, and this model runs in tens of microseconds
         assert row["tensortune_vs_inductor"] == pytest.approx(row["inductor_ms"] / row["tensortune_ms"], rel=0.1)
         assert set(row["compile_seconds"]) == {"inductor", "tensortune"}
+        assert row["allocator"] == allocator()
+    assert f"allocator: {allocator()}" in timed.stderr
 
 
 def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_outside(tmp_path, monkeypatch, capsys):
@@ -304,6 +307,15 @@ def test_the_onednn_column_times_the_op_itself(workload):
 def test_no_onednn_column_for_products_it_has_no_packed_op_for():
     for workload in (batch_matmul(2, 8, 8, 8), dense(4, 8, 16).in_dtype("int8")):
         assert onednn_packed(workload, workload.random_inputs()) is None
+
+
+def test_the_allocator_is_the_preloaded_malloc_else_glibcs_with_its_settings():
+    jemalloc = "7f2a1c000000-7f2a1c0a3000 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n"
+    assert allocator(jemalloc, {"MALLOC_ARENA_MAX": "2"}) == "jemalloc"
+    libc = "7f2a1d000000-7f2a1d1b0000 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+    assert allocator(libc, {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_ARENA_MAX": "2", "HOME": "/root"}) == (
+        "glibc malloc (MALLOC_MMAP_THRESHOLD_=1048576, MALLOC_ARENA_MAX=2)")
+    assert allocator(libc, {}) == "glibc malloc, its defaults"
 
 
 def test_presets_are_made_at_any_sequence_length():
