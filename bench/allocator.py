@@ -1,8 +1,9 @@
 """Which malloc the process's tensors come from. `bench model` times eager PyTorch and Inductor beside tensortune in
 one process; they allocate large intermediates afresh at each call, and glibc's malloc maps and faults in each one
-that its threshold sends to mmap. On a Zen 4 (2 threads), bert-layer's eager forward took 19.4 ms and Inductor's
-15.5 with glibc's defaults, and 15.5 and 14.1 once large blocks no longer went to mmap (`M_MMAP_THRESHOLD`), while
-tensortune's went from 11.2 to 11.0. The allocator is part of what a model timing means, so the bench names it."""
+that its threshold sends to mmap. On a Zen 4 (2 threads, two processes), bert-layer's eager forward went from 19.4
+and 16.1 ms with glibc's defaults to 15.5 and 15.8 once large blocks no longer went to mmap (`M_MMAP_THRESHOLD`),
+Inductor's from 15.5 and 16.3 to 14.1 and 14.5, tensortune's from 11.17 and 11.31 to 10.97 and 11.25. The allocator is
+part of what a model timing means, so the bench names it."""
 from __future__ import annotations
 
 import os
