@@ -37,6 +37,16 @@ def test_the_fallbacks_register_block_fits_the_register_file():
             assert (fallback["tile_m"][-1], fallback["tile_n"][-1] // fallback["vec"]) == block
 
 
+def test_the_conv2d_fallback_block_is_4_by_4_where_it_fits():
+    """4 output positions × 4 channel vectors in AVX-512's 32 registers, 6 × 2 in AVX2's 16 (4 × 4 would not fit),
+    in every dtype; the channel block and the threads' axis as before."""
+    for target, block in ((zen4(), (4, 4)), (AVX2, (6, 2))):
+        for dtype in ("float32", "bfloat16", "int8"):
+            fallback = fallback_config(conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, dtype=dtype), target)
+            assert (fallback["tile_ow"][-1], fallback["tile_k"][-1] // fallback["vec"]) == block
+            assert fills(*block, target.vector_registers) and fallback["tile_c"][-1] == 16
+
+
 def test_a_parallel_axis_is_cut_into_blocks_that_the_threads_split_evenly():
     """N = 768 in blocks of 256 columns on 2 threads is 512 columns on one and 256 on the other; the fallback and
     the seeds of BERT's dense shapes on 2 threads cut N into blocks the threads share evenly, the largest such

@@ -85,16 +85,18 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
 
 
 def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
-    """The untuned default: 2 vectors of output channels × 6 output positions, channel blocks of 16, and
-    threads over images, else over the larger operand (rows of a large image, as the stem's; output
-    channels of large weights, as the last layers'), so each thread streams a share of it and all share
-    the smaller."""
+    """The untuned default: 4 output positions × 4 vectors of output channels where that fits the register file
+    (AVX-512's 32; on a Zen 4 it ran 1-14% faster than 6 × 2 in 13 of ResNet-18's 14 layers at 1 thread), else
+    6 × 2 vectors; channel blocks of 16, and threads over images, else over the larger operand (rows of a large
+    image, as the stem's; output channels of large weights, as the last layers'), so each thread streams a share
+    of it and all share the smaller."""
     p, vec = workload.p, max(space_.knobs["vec"].candidates)
+    rows, vectors = (4, 4) if fills(4, 4, target.vector_registers) else (6, 2)
     oh, ow = conv2d_output(p)
     # the padded span the windows cover (a strided 1×1 packs only every stride-th pixel of it)
     data_floats = p["C"] * ((oh - 1) * p["stride"] + p["R"]) * ((ow - 1) * p["stride"] + p["S"])
     parallel = "n" if p["N"] > 1 else "h" if data_floats > p["K"] * p["C"] * p["R"] * p["S"] else "k"
-    want = {"tile_k": (-1, 2 * vec), "tile_ow": (-1, 6), "tile_c": (-1, 16), "vec": vec, "unroll_c": 4,
+    want = {"tile_k": (-1, vectors * vec), "tile_ow": (-1, rows), "tile_c": (-1, 16), "vec": vec, "unroll_c": 4,
             "order": ("ko", "oh", "owo"), "reduce_order": ("co", "r", "s"), "parallel": parallel, "write": "rows"}
     if "isa" in space_.knobs:
         want["isa"] = space_.knobs["isa"].candidates[-1]
