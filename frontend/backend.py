@@ -65,7 +65,7 @@ class TunedOp(torch.nn.Module):
         super().__init__()
         self.form, self.label = match.form, match.label
         self.sizes = ShapeDispatch(match.form, match.weights, kernels)
-        self.dtype = self.sizes.result_dtype
+        self.dtype, self.memory_format = self.sizes.result_dtype, match.form.memory_format
         self.grads = match.grads  # which activations' gradients `backward` computes
         self.products = ShapeDispatch(Product(match.form.dtype), {}, kernels) if any(self.grads) else None
         if match.workload is not None:  # static sizes: bind the kernel now, not at the first call
@@ -90,20 +90,21 @@ class TunedOp(torch.nn.Module):
 def run_kernel(sizes: ShapeDispatch, activations) -> torch.Tensor:
     """The kernel of the activations' sizes run on them. Dtypes and ranks were checked when the graph was matched,
     and Dynamo guards them; floating-point activations in another dtype than the kernel's (float32 under
-    autocast) are cast, as autocast casts them, int8's kept. The kernel reads each activation's memory in row-major
-    order, so a contiguous one is passed as it is, whatever its shape; a batch_matmul's kernel is chosen by its
-    operands' strides too, and reads the views it can where they lie. Under torch.profiler the kernel's time is
-    an event named by its workload; under `kernel_clock` (bench model --profile) its seconds are kept."""
-    shapes, cast = tuple(activation.shape for activation in activations), sizes.cast
+    autocast) are cast, as autocast casts them, int8's kept. The kernel reads each activation's memory in its form's
+    order (row-major; channels_last for an nhwc convolution), so one that lies so is passed as it is; a
+    batch_matmul's kernel is chosen by its operands' strides too, and reads the views it can where they lie. Under
+    torch.profiler the kernel's time is an event named by its workload; under `kernel_clock` (bench model
+    --profile) its seconds are kept."""
+    shapes, cast, laid = tuple(activation.shape for activation in activations), sizes.cast, sizes.form.memory_format
     if sizes.form.views:
         run = sizes.run(shapes, tuple(a.stride() if cast is None or a.dtype == cast else None for a in activations))
         ready = run.in_place
     else:
         run = sizes.run(shapes)
-        ready = [a.is_contiguous() and (cast is None or a.dtype == cast) for a in activations]
-    tensors = [a if in_place else (a.detach().to(cast) if cast is not None else a.detach()).contiguous()
-               for a, in_place in zip(activations, ready)]
-    out = torch.empty(run.result, dtype=sizes.result_dtype)
+        ready = [a.is_contiguous(memory_format=laid) and (cast is None or a.dtype == cast) for a in activations]
+    tensors = [a if in_place else (a.detach().to(cast) if cast is not None else a.detach()).contiguous(
+        memory_format=laid) for a, in_place in zip(activations, ready)]
+    out = torch.empty(run.result, dtype=sizes.result_dtype, memory_format=laid)
     addresses = [t.data_ptr() for t in tensors] + [out.data_ptr()]
     if (clock := _CLOCK.get()) is not None:
         start = time.perf_counter()

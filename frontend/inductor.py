@@ -77,7 +77,8 @@ def define_operators():
 
     def fake(op_id: int, activations: list[torch.Tensor]) -> torch.Tensor:
         op = REGISTRY[op_id]
-        return activations[0].new_empty(op.result_shape(*activations), dtype=op.dtype)
+        return torch.empty(op.result_shape(*activations), dtype=op.dtype, device=activations[0].device,
+                           memory_format=op.memory_format)
 
     for name in (OPERATOR, DIFFERENTIABLE):
         LIBRARY.define(f"{name}(int op_id, Tensor[] activations) -> Tensor")

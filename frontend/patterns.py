@@ -425,10 +425,17 @@ def match_conv2d(node: fx.Node, scan: Scan) -> Match | None:
     if dtype is None:
         return None
     form = Conv2d(c, k, r, s, stride, padding, bias is not None, residual is not None,
-                  "relu" if relu is not None else "none", dtype)
+                  "relu" if relu is not None else "none", dtype, layout_of(traced(x, captured)))
     weights = weights_in(dtype, {"weight": weight} | ({"bias": bias} if bias is not None else {}))
     return typed(Match(form, nodes, activations, tuple(shape_of(node, captured) for node in activations), weights),
                  captured)
+
+
+def layout_of(x: torch.Tensor) -> str:
+    """nhwc where x lies channels_last (and not also contiguous, as a 1×1 image or a single channel does), else
+    nchw: the convolution then reads it, and returns its result, as it lies."""
+    last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return "nhwc" if last else "nchw"
 
 
 def same_shape(first: Shape | None, second: Shape | None) -> bool:

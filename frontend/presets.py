@@ -195,3 +195,14 @@ def in_dtype(model: nn.Module, inputs_at: dict, dtype: str) -> tuple[nn.Module, 
     wanted = torch_dtype(dtype)
     cast = lambda value: value.to(wanted) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
     return model.to(wanted), {length: tuple(map(cast, inputs)) for length, inputs in inputs_at.items()}
+
+
+def in_channels_last(model: nn.Module, inputs_at: dict) -> tuple[nn.Module, dict]:
+    """The model and its inputs in PyTorch's channels_last memory format, the one its performance guide advises
+    for a convolutional network on a CPU: 4-D parameters, buffers and floating-point inputs laid channels last (the
+    model in place). Its convolutions then read and write their activations so (conv2d's nhwc layout), and the
+    pooling between them runs on channels-last data."""
+    last = torch.channels_last
+    lay = lambda value: (value.contiguous(memory_format=last) if isinstance(value, torch.Tensor) and value.dim() == 4
+                         and value.is_floating_point() else value)
+    return model.to(memory_format=last), {length: tuple(map(lay, inputs)) for length, inputs in inputs_at.items()}

@@ -45,6 +45,7 @@ class _Result:
 
     op: ClassVar[str]
     views = False  # whether its kernels read views of its activations in place, chosen by their strides too
+    memory_format = torch.contiguous_format  # how its activations and result lie, each in its own memory
 
     @property
     def result_dtype(self) -> str:
@@ -120,7 +121,8 @@ class Product(_Result):
 @dataclass(frozen=True)
 class Conv2d(_Result):
     """A square-strided, square-padded convolution by a bound weight [K, C, R, S] of x [N, C, H, W], then an
-    optional residual (an activation of the result's shape) and epilogue."""
+    optional residual (an activation of the result's shape) and epilogue. In the nhwc layout its activations and
+    result are channels_last, as PyTorch's convolution of a channels_last x returns."""
 
     op: ClassVar[str] = "conv2d"
 
@@ -134,11 +136,16 @@ class Conv2d(_Result):
     residual: bool = False
     epilogue: str = "none"
     dtype: str = "float32"
+    layout: str = "nchw"
+
+    @property
+    def memory_format(self) -> torch.memory_format:
+        return torch.channels_last if self.layout == "nhwc" else torch.contiguous_format
 
     def workload(self, x: tuple[int, ...], *residual) -> Workload:
         return Workload.make("conv2d", self.dtype, N=x[0], C=self.C, H=x[2], W=x[3], K=self.K, R=self.R, S=self.S,
                              stride=self.stride, pad=self.pad, bias=self.bias, residual=self.residual,
-                             epilogue=self.epilogue)
+                             epilogue=self.epilogue, layout=self.layout)
 
     def result_shape(self, x: Shape, *residual) -> Shape:
         sizes = {"H": x[2], "W": x[3], "R": self.R, "S": self.S, "stride": self.stride, "pad": self.pad}

@@ -27,6 +27,8 @@ MAX_DIM = 1 << 16
 MAX_ELEMENTS = 1 << 28  # 1 GiB of float32 per operand
 ACCUMULATION_EPS = float(np.finfo(np.float32).eps)  # every dtype's products are summed in float32
 EPILOGUES = ("none", "relu", "gelu", "gelu_erf")  # gelu: the tanh form; gelu_erf: PyTorch's default
+# conv2d's activations in memory: channels second (PyTorch's default), or last (its channels_last memory format)
+LAYOUTS = ("nchw", "nhwc")
 
 
 class WorkloadError(ValueError):
@@ -99,14 +101,26 @@ def conv2d_output(p: dict) -> tuple[int, int]:
     return ((p["H"] + 2 * p["pad"] - p["R"]) // p["stride"] + 1, (p["W"] + 2 * p["pad"] - p["S"]) // p["stride"] + 1)
 
 
+def conv2d_activation(p: dict, n: int, c: int, h: int, w: int) -> tuple[int, int, int, int]:
+    """An activation's shape as it lies in memory: (n, c, h, w), or (n, h, w, c) in the nhwc layout."""
+    return (n, h, w, c) if p["layout"] == "nhwc" else (n, c, h, w)
+
+
 def _conv2d_operands(p: dict):
-    ops = [("data", (p["N"], p["C"], p["H"], p["W"])), ("weight", (p["K"], p["C"], p["R"], p["S"]))]
+    data = conv2d_activation(p, p["N"], p["C"], p["H"], p["W"])
+    ops = [("data", data), ("weight", (p["K"], p["C"], p["R"], p["S"]))]
     return ops + ([("bias", (p["K"],))] if p["bias"] else []) + \
-        ([("residual", (p["N"], p["K"], *conv2d_output(p)))] if p["residual"] else [])
+        ([("residual", conv2d_activation(p, p["N"], p["K"], *conv2d_output(p)))] if p["residual"] else [])
 
 
 def _conv2d_reference(p: dict, data, weight, *extra):
-    """im2col by a strided window view, contracted by BLAS; then bias, residual and the epilogue."""
+    """im2col by a strided window view, contracted by BLAS; then bias, residual and the epilogue (in NCHW, the
+    nhwc layout's activations transposed to it and the result back)."""
+    if p["layout"] == "nhwc":
+        nchw = lambda a: a.transpose(0, 3, 1, 2)
+        bias, residual = extra[:p["bias"]], [nchw(a) for a in extra[p["bias"]:]]
+        y = _conv2d_reference(p | {"layout": "nchw"}, nchw(data), weight, *bias, *residual)
+        return np.ascontiguousarray(y.transpose(0, 2, 3, 1))
     pad = p["pad"]
     padded = np.pad(data, ((0, 0), (0, 0), (pad, pad), (pad, pad))) if pad else data
     windows = sliding_window_view(padded, (p["R"], p["S"]), axis=(2, 3))[:, :, ::p["stride"], ::p["stride"]]
@@ -159,6 +173,8 @@ def _strides_problem(spec: OpSpec, p: dict) -> str | None:
 
 
 def _conv2d_check(p: dict) -> str | None:
+    if p["layout"] not in LAYOUTS:
+        return f"unknown layout {p['layout']!r}; known: nchw (channels second), nhwc (channels last)"
     padded = (p["H"] + 2 * p["pad"], p["W"] + 2 * p["pad"])
     if p["R"] > padded[0] or p["S"] > padded[1]:
         return (f"kernel R×S={p['R']}×{p['S']} is larger than the padded input {padded[0]}×{padded[1]} "
@@ -196,9 +212,9 @@ OPS: dict[str, OpSpec] = {
     ),
     "conv2d": OpSpec(
         "conv2d", ("N", "C", "H", "W", "K", "R", "S", "stride", "pad"),
-        {"bias": False, "residual": False, "epilogue": "none"},
+        {"bias": False, "residual": False, "epilogue": "none", "layout": "nchw"},
         _conv2d_operands,
-        lambda p: (p["N"], p["K"], *conv2d_output(p)),
+        lambda p: conv2d_activation(p, p["N"], p["K"], *conv2d_output(p)),
         lambda p: 2 * p["N"] * p["K"] * math.prod(conv2d_output(p)) * p["C"] * p["R"] * p["S"],
         _conv2d_reference,
         lambda p: p["C"] * p["R"] * p["S"],
@@ -418,7 +434,8 @@ def _int8_reference(workload: Workload, inputs) -> np.ndarray:
     activation, weight = list(named.values())[:2]
     plain = p | {name: False for name in ("bias", "residual") if name in p} | {"epilogue": "none"}
     sums = workload.spec.reference(plain, activation - named["x_zero"], weight)
-    per_channel = (lambda v: v) if workload.op == "dense" else (lambda v: v[:, None, None])  # on the output's axis 1
+    channels_last = workload.op == "dense" or p["layout"] == "nhwc"  # the output's channel axis: last, else 1
+    per_channel = (lambda v: v) if channels_last else (lambda v: v[:, None, None])
     y = sums * per_channel(named["x_scale"] * named["w_scale"]) + per_channel(named.get("bias", np.zeros(1)))
     return _epilogue(y + named.get("residual", 0.0), p["epilogue"]).astype(np.float32)
 
@@ -452,7 +469,8 @@ def batch_matmul(B: int, M: int, N: int, K: int, dtype: str = "float32", a_strid
 
 
 def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1, pad: int = 0, bias: bool = False,
-           residual: bool = False, epilogue: str = "none", dtype: str = "float32") -> Workload:
-    """out[N,K,OH,OW] = epilogue(data[N,C,H,W] ⊛ weight[K,C,R,S] (+ bias[K]) (+ residual[N,K,OH,OW])): a ResNet layer."""
+           residual: bool = False, epilogue: str = "none", dtype: str = "float32", layout: str = "nchw") -> Workload:
+    """out[N,K,OH,OW] = epilogue(data[N,C,H,W] ⊛ weight[K,C,R,S] (+ bias[K]) (+ residual[N,K,OH,OW])): a ResNet layer;
+    with layout="nhwc" data, residual and out lie channels last, data[N,H,W,C] (PyTorch's channels_last)."""
     return Workload.make("conv2d", dtype, N=N, C=C, H=H, W=W, K=K, R=R, S=S, stride=stride, pad=pad, bias=bias,
-                         residual=residual, epilogue=epilogue)
+                         residual=residual, epilogue=epilogue, layout=layout)

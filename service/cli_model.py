@@ -21,6 +21,9 @@ DTYPE_OPTION = typer.Option("float32", "--dtype", help="float32; bfloat16: the m
                                                        "cast to it, as model.to(torch.bfloat16) does; int8: its "
                                                        "Linears quantized by torch.ao's quantize_dynamic")
 MODEL_DTYPES = FLOATING + ("int8",)
+CHANNELS_LAST_OPTION = typer.Option(False, "--channels-last", help="the model and its 4-D inputs in PyTorch's "
+                                    "channels_last memory format, as advised for a convolutional network on CPUs: its "
+                                    "convolutions read and write channels last")
 TRAINING_OPTION = typer.Option(False, "--training", help="a training step (forward with grad enabled, then backward) "
                                                          "instead of inference: float32")
 
@@ -52,15 +55,16 @@ def check_dtype(dtype: str, training: bool = False) -> None:
         fail(f"--training runs in float32; --dtype {dtype} is for inference", 2)
 
 
-def load(spec: str, seq_lens: list[int]):
-    """The model and its example inputs by sequence length (frontend.presets.load_model_at), or one line saying
-    why not."""
-    from frontend.presets import ModelError, load_model_at
+def load(spec: str, seq_lens: list[int], channels_last: bool = False):
+    """The model and its example inputs by sequence length (frontend.presets.load_model_at), channels last if
+    asked, or one line saying why not."""
+    from frontend.presets import ModelError, in_channels_last, load_model_at
 
     try:
-        return load_model_at(spec, seq_lens)
+        loaded = load_model_at(spec, seq_lens)
     except ModelError as error:
         fail(str(error), 2)
+    return in_channels_last(*loaded) if channels_last else loaded
 
 
 def progress_table(progress) -> Table:
@@ -80,6 +84,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
                trials: int = typer.Option(300, "--trials", min=1, max=100_000, help="measured in all, over every task"),
                seq_lens: Optional[str] = SEQ_LENS_OPTION,
                dtype: str = DTYPE_OPTION,
+               channels_last: bool = CHANNELS_LAST_OPTION,
                training: bool = TRAINING_OPTION,
                target: str = TARGET_OPTION,
                tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
@@ -104,14 +109,15 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
     from .runner import make_measurer
 
     target_, database = parse_target(target), open_database(db)  # a bad --db fails before seconds of tracing
-    net, inputs_at = in_dtype(*load(model, lengths), dtype)
+    net, inputs_at = in_dtype(*load(model, lengths, channels_last), dtype)
     try:
         tasks = extract_tasks_at(net, inputs_at.values(), training)
     except NothingToTune as error:
         fail(str(error))
     # other lengths, another dtype: another job
     name = model + (f" --seq-lens {','.join(map(str, lengths))}" if lengths else "") + \
-        (f" --dtype {dtype}" if dtype != "float32" else "") + (" --training" if training else "")
+        (f" --dtype {dtype}" if dtype != "float32" else "") + (" --channels-last" if channels_last else "") + \
+        (" --training" if training else "")
     done = None if again else database.done_model_job(name, [task.workload for task in tasks], target_, tuner, trials)
     if done:
         console.print(f"model job {done.id} already tuned this ({tuner}, {trials} trials, done "
@@ -143,6 +149,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
 def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
                 seq_lens: Optional[str] = SEQ_LENS_OPTION,
                 dtype: str = DTYPE_OPTION,
+                channels_last: bool = CHANNELS_LAST_OPTION,
                 training: bool = TRAINING_OPTION,
                 db: Optional[str] = DB_OPTION,
                 target: str = TARGET_OPTION,
@@ -170,7 +177,8 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
     from bench.model import run
 
     open_database(db).close()  # a bad --db, like a bad spec, is refused before anything is timed
-    loaded = {spec: load(spec, lengths) for spec in models}
+    suffix = " --channels-last" if channels_last else ""
+    loaded = {spec + suffix: load(spec, lengths, channels_last) for spec in models}
     run(loaded, db, target, json_lines, inductor, max_autotune, profile, dtype, training, rounds)
 
 

@@ -165,6 +165,36 @@ def test_bench_model_times_models_returning_tuples_and_dicts(tmp_path):
     assert all(row["max_error"] < 1e-4 and row["tensortune_ms"] > 0 for row in rows)
 
 
+CONV_FILE = '''
+import torch
+from torch import nn
+
+
+def cnn():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, 1, 1))
+    return model.eval(), (torch.randn(1, 3, 16, 16),)
+'''
+
+
+def test_channels_last_tunes_and_times_the_model_laid_channels_last(tmp_path):
+    """--channels-last: the model and its image in channels_last, so its convolutions are tuned and run in the nhwc
+    layout; a job of its own, and the bench row says which."""
+    (tmp_path / "cnn.py").write_text(CONV_FILE)
+    db, target = f"sqlite:///{tmp_path}/cnn.db", "llvm -threads=1"
+    tuned = run("tune-model", "cnn.py:cnn", "--channels-last", "--trials", "4", "--tuner", "random", "--target", target,
+                "--db", db, cwd=tmp_path)
+    assert tuned.returncode == 0, tuned.stderr
+    assert "4 trials over 2 tasks of cnn.py:cnn --channels-last" in tuned.stdout
+    database = Database(db)
+    assert {job.workload.p["layout"] for job in database.children(1)} == {"nhwc"}
+    timed = run("bench", "model", "cnn.py:cnn", "--channels-last", "--json", "--no-inductor", "--rounds", "1",
+                "--target", target, "--db", db, cwd=tmp_path)
+    assert timed.returncode == 0, timed.stderr
+    row = json.loads(timed.stdout.strip().splitlines()[-1])
+    assert row["model"] == "cnn.py:cnn --channels-last" and row["max_error"] < 1e-4 and row["tensortune_ms"] > 0
+
+
 def test_the_error_is_the_largest_over_every_tensor_of_the_output():
     torch = pytest.importorskip("torch")
     from bench.model import max_difference

@@ -52,6 +52,7 @@ def test_the_key_names_every_parameter_and_the_fused_options():
     (lambda: conv2d(1, 3, 8, 8, 8, 3, 3, pad=-1), "parameter pad=-1 is out of range; it must be in 0.."),
     (lambda: conv2d(1, 0, 8, 8, 8, 3, 3), "parameter C=0 is out of range"),
     (lambda: conv2d(1, 3, 8, 8, 8, 3, 3, epilogue="tanh"), "unknown epilogue 'tanh'"),
+    (lambda: conv2d(1, 3, 8, 8, 8, 3, 3, layout="chwn"), "unknown layout 'chwn'; known: nchw (channels second), nhwc"),
     (lambda: Workload.make("conv2d", N=1, C=3, H=8, W=8, K=8, R=3, S=3), "missing parameter(s) stride, pad"),
 ])
 def test_bad_convolutions_say_what_is_wrong(make, message):
@@ -86,6 +87,30 @@ def test_the_cases_resnet_needs_on_every_target(workload):
         for config in [fallback_config(workload, target), *space.sample(3, 7)]:
             error = workload.max_error(build(workload, target, config)(*inputs), expected)
             assert error <= 1, f"{workload.key} on {target} config {config}: error {error:.2f}x tolerance"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("p", [
+    dict(N=2, C=5, H=11, W=9, K=19, R=3, S=3, stride=2, pad=1, bias=True, residual=True, epilogue="relu"),
+    dict(N=1, C=32, H=14, W=14, K=48, R=1, S=1, stride=2, pad=0, bias=True),  # channel blocks of whole vectors
+], ids=["stem-like", "pointwise"])
+def test_the_nhwc_layout_is_the_nchw_convolution_with_channels_last(p, dtype):
+    """data, residual and output lie [N, H, W, C]: the same numbers as the NCHW workload's, transposed; the key
+    says so; every config tried computes the reference, on each target."""
+    last, first = conv2d(**p, dtype=dtype, layout="nhwc"), conv2d(**p, dtype=dtype)
+    assert last.key == first.key.replace(",dtype=", ",layout=nhwc,dtype=") and Workload.from_key(last.key) == last
+    n, k, oh, ow = first.output_shape
+    assert last.output_shape == (n, oh, ow, k) and last.operand_shapes()[0][1] == (p["N"], p["H"], p["W"], p["C"])
+    inputs = last.random_inputs()
+    transposed = [a.transpose(0, 3, 1, 2).copy() if name in ("data", "residual") else a
+                  for (name, _), a in zip(last.operand_shapes(), inputs)]
+    expected = last.reference(*inputs)
+    np.testing.assert_array_equal(expected, first.reference(*transposed).transpose(0, 2, 3, 1))
+    assert fallback_config(last, "llvm")["write"] == "channels"  # whole vectors of channels: its contiguous runs
+    for target in TARGETS:
+        for config in [fallback_config(last, target), *get_space(last, target).sample(3, 5)]:
+            error = last.max_error(build(last, target, config)(*inputs), expected)
+            assert error <= 1, f"{last.key} on {target} config {config}: error {error:.2f}x tolerance"
 
 
 def test_bind_packs_the_weights_once():

@@ -142,6 +142,36 @@ def test_the_compiled_model_computes_what_eager_does(make, tmp_path, caplog):
     assert not [w for w in warned if w.startswith("Cannot find config")]  # nor once more for each
 
 
+class Block(nn.Module):
+    """A ResNet basic block after a stem and its max pool: convolutions with BatchNorm, the shortcut and relus."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.norm = nn.Conv2d(3, 16, 5, 2, 2), nn.BatchNorm2d(16)
+        self.first, self.second = nn.Conv2d(16, 16, 3, 1, 1), nn.Conv2d(16, 16, 3, 1, 1, bias=False)
+
+    def forward(self, image):
+        x = F.max_pool2d(torch.relu(self.norm(self.stem(image))), 3, 2, 1)
+        return torch.relu(self.second(torch.relu(self.first(x))) + x)
+
+
+def test_a_channels_last_model_runs_its_convolutions_channels_last(tmp_path):
+    """A model and image in channels_last (bench model --channels-last): each convolution reads and writes its
+    activations so (the nhwc layout): the result, the last convolution's, lies as eager's does, with its numbers."""
+    torch.manual_seed(0)
+    model = Block().eval().to(memory_format=torch.channels_last)
+    model.norm.running_var.uniform_(0.5, 2.0)
+    image = torch.randn(1, 3, 21, 18).contiguous(memory_format=torch.channels_last)
+    layouts = {task.workload.key: task.workload.p["layout"] for task in extract_tasks(model, (image,))}
+    assert len(layouts) == 3 and set(layouts.values()) == {"nhwc"}, layouts
+    expected, got, _ = compiled_output(model, (image,), f"sqlite:///{tmp_path}/empty.db")
+    last = torch.channels_last
+    assert got.is_contiguous(memory_format=last) and expected.is_contiguous(memory_format=last)
+    assert float((got - expected).abs().max()) <= 1e-4 * max(1.0, float(expected.abs().max()))
+    nchw = {task.workload.p["layout"] for task in extract_tasks(Block().eval(), (torch.randn(1, 3, 21, 18),))}
+    assert nchw == {"nchw"}  # a model as PyTorch makes it keeps NCHW
+
+
 def test_each_shape_runs_the_config_stored_for_it(tmp_path):
     """Each shape's best stored config is the other shape's runner-up: a kernel built with the other's, or
     with the fallback, is seen."""

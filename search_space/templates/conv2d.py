@@ -6,7 +6,9 @@ positions of one row, kb output channels as kb/vec vectors) in registers over th
 (C/cb, R, S in a tunable order, then cb), so per input channel it does kb/vec vector loads of
 weights, owr broadcasts of data and owr·kb/vec vector FMAs: GEMM's micro-kernel with the output
 width as rows and the output channels as columns. Bias, residual and the epilogue are applied as
-the block is written to the NCHW output.
+the block is written to the output. The activations (data, residual, output) lie NCHW, or NHWC where the
+workload's layout is nhwc (PyTorch's channels_last): the pack then copies runs of adjacent channels, and the
+`channels` write-back stores whole vectors of them.
 
 bfloat16 and int8 read their channels in the GEMM template's groups (2 bfloat16 or 4 bytes to a 32-bit lane):
 the packed weights hold each group of a channel block adjacent, Wk[..][cb/g][kb][g], so that a group of the
@@ -22,7 +24,7 @@ import itertools
 from ..program import ITEMSIZE, Affine, Buffer, Call, Const, Loop, Op, Program, Stage, tile_nest, tiled, var
 from ..space import Config, ConfigSpace, Knob
 from ..target import Target
-from ..workload import Workload, conv2d_output
+from ..workload import Workload, conv2d_activation, conv2d_output
 from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
 from .gemm import AMX, DOTS, FAMILIES, UNROLL_CHOICES, isas
@@ -97,7 +99,8 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     data_floats = p["C"] * ((oh - 1) * p["stride"] + p["R"]) * ((ow - 1) * p["stride"] + p["S"])
     parallel = "n" if p["N"] > 1 else "h" if data_floats > p["K"] * p["C"] * p["R"] * p["S"] else "k"
     want = {"tile_k": (-1, vectors * vec), "tile_ow": (-1, rows), "tile_c": (-1, 16), "vec": vec, "unroll_c": 4,
-            "order": ("ko", "oh", "owo"), "reduce_order": ("co", "r", "s"), "parallel": parallel, "write": "rows"}
+            "order": ("ko", "oh", "owo"), "reduce_order": ("co", "r", "s"), "parallel": parallel,
+            "write": "channels" if p["layout"] == "nhwc" else "rows"}  # the output's contiguous runs
     if "isa" in space_.knobs:
         want["isa"] = space_.knobs["isa"].candidates[-1]
     return space_.nearest(want)
@@ -155,6 +158,10 @@ class _Conv2d:
             stages.insert(0, Stage("sum_W", tuple(negated_sums(self.row_sums, p["K"], reduction, lambda k, c, r, s:
                                                                self.weight[k, c, r, s])), constant=True))
         return Program(self.workload.key, tuple(buffers), tuple(stages))
+
+    def at(self, n, c, y, x) -> tuple:
+        """The index of an activation's element (image, channel, row, column) in the workload's layout."""
+        return conv2d_activation(self.p, n, c, y, x)
 
     def _kind(self, axis: str) -> str:
         return "parallel" if self.parallel == axis else "serial"
@@ -226,8 +233,9 @@ class _Conv2d:
         rows_of = lambda first, count, body: [Loop("y", count, "serial", tuple(body(y + first)))] if count > 0 else []
         edge = lambda row: fill(row, 0, self.wp, padding)
         edges = rows_of(0, pad, edge) + rows_of(pad + rows, self.hp - pad - rows, edge)
+        pixel = lambda x, ci: self.data[self.at(n, co * self.cb + ci, y * skip, x * skip)]
         inside = (fill(y + pad, 0, pad, padding) + fill(y + pad, pad + cols, self.wp - pad - cols, padding)
-                  + fill(y + pad, pad, cols, lambda x, ci: self.data[n, co * self.cb + ci, y * skip, x * skip]))
+                  + fill(y + pad, pad, cols, pixel))
         images = lambda body, kind="serial": Loop("n", p["N"], kind, (Loop("co", p["C"] // self.cb, "serial",
                                                                           tuple(body)),))
         if self.parallel == "n":
@@ -288,7 +296,7 @@ class _Conv2d:
 
     def write(self, w: Affine, c: Affine):
         """out = epilogue(acc + bias + residual) at this block's place in the NCHW output (int8's acc dequantized)."""
-        place = (var("n0"), var("k0") + c, var("oh0"), var("ow0") + w)
+        place = self.at(var("n0"), var("k0") + c, var("oh0"), var("ow0") + w)
         value = self.acc[w, c]
         if self.quantized:
             value = dequantized(value, self.inputs, self.row_sums, var("k0") + c)
