@@ -18,8 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from search_space import Target, Workload
-from workers.reference import head_to_head, inference_call, int8_calls, torch_conv2d, torch_epilogue
-from workers.torch_arrays import torch_tensor
+from workers.reference import head_to_head, inference_call, int8_calls, torch_conv2d, torch_epilogue, torch_operands
 
 # oneDNN's fused post-op (attribute, algorithm) for each epilogue
 ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}
@@ -35,7 +34,7 @@ def torch_op(workload: Workload, inputs: list, threads: int) -> Callable:
 
     if workload.dtype == "int8":
         return int8_calls(workload, threads, inputs, torch)["torch"]
-    tensors = [torch_tensor(a) for a in inputs]
+    tensors = list(torch_operands(workload, inputs).values())
     if workload.op == "dense":
         x, w, *bias = tensors
         return lambda: torch_epilogue(workload.p["epilogue"])(F.linear(x, w, *bias))
@@ -55,7 +54,7 @@ def onednn_packed(workload: Workload, inputs: list) -> Callable | None:
 
     if workload.op not in ("dense", "conv2d") or workload.dtype == "int8" or not torch.backends.mkldnn.is_available():
         return None
-    named = dict(zip((name for name, _ in workload.operand_shapes()), (torch_tensor(a) for a in inputs)))
+    named = torch_operands(workload, inputs)
     p, bias = workload.p, named.get("bias")
     attribute, algorithm = ONEDNN_EPILOGUES[p["epilogue"]]
     if workload.op == "dense":

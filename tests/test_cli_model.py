@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from bench.allocator import allocator
-from bench.profile import onednn_packed, print_profile
+from bench.profile import onednn_packed, print_profile, torch_op
 from db import Database
 from search_space import batch_matmul, conv2d, dense
 from service.cli import app
@@ -332,6 +333,24 @@ def test_the_onednn_column_times_the_op_itself(workload):
     inputs = workload.random_inputs()
     result = numpy_array(onednn_packed(workload, inputs)().contiguous())
     assert workload.max_error(result, workload.reference(*inputs)) <= 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_an_nhwc_convolutions_pytorch_references_read_its_channels_last_activations(dtype):
+    """PyTorch's eager convolution, oneDNN's packed one and the quantized one, given an nhwc workload's [N, H, W, C]
+    arrays (as NCHW-shaped channels_last views, as PyTorch holds them), compute what they compute from the NCHW
+    workload's arrays of the same values."""
+    last, first = (conv2d(1, 16, 9, 10, 24, 3, 3, 1, 1, bias=True, residual=True, epilogue="relu", dtype=dtype,
+                          layout=layout) for layout in ("nhwc", "nchw"))
+    inputs = last.random_inputs()
+    nchw = [a.transpose(0, 3, 1, 2).copy() if name in ("data", "residual") else a
+            for (name, _), a in zip(last.operand_shapes(), inputs)]
+    ways = lambda workload, arrays: [torch_op(workload, arrays, 1), onednn_packed(workload, arrays)]
+    for ours, theirs in zip(ways(last, inputs), ways(first, nchw)):
+        if theirs is not None:
+            got, expected = ours(), theirs()
+            assert got.is_contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(got, expected)
 
 
 def test_no_onednn_column_for_products_it_has_no_packed_op_for():

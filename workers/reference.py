@@ -39,6 +39,14 @@ def inference_calls(kernel: Kernel, inputs, weight_bytes: int = 0) -> tuple[list
     return [lambda b=b: b(*activations, out=out) for b in bound], out
 
 
+def torch_operands(workload: Workload, inputs) -> dict:
+    """The inputs as tensors sharing their memory, by operand name; an nhwc conv2d's activations (data, residual)
+    as PyTorch holds a channels_last tensor: NCHW-shaped views of the [N, H, W, C] memory."""
+    laid = workload.op == "conv2d" and workload.p["layout"] == "nhwc"
+    as_held = lambda name, tensor: tensor.permute(0, 3, 1, 2) if laid and name in ("data", "residual") else tensor
+    return {name: as_held(name, torch_tensor(array)) for (name, _), array in zip(workload.operand_shapes(), inputs)}
+
+
 def inference_call(kernel: Kernel, inputs) -> tuple[Callable, np.ndarray]:
     """The one call of `inference_calls` with the weights bound once, and its output array."""
     (call,), out = inference_calls(kernel, inputs)
@@ -72,7 +80,7 @@ def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Calla
     if torch is None:
         return calls
     torch.set_num_threads(threads)
-    tensors = [torch_tensor(a) for a in inputs]
+    tensors = list(torch_operands(workload, inputs).values())
     if workload.op == "dense":
         calls["torch"] = lambda: torch.nn.functional.linear(tensors[0], tensors[1])
     elif workload.op == "conv2d":
@@ -88,7 +96,7 @@ def int8_calls(workload: Workload, threads: int, inputs, torch) -> dict[str, Cal
     float32), matmul by `torch._int_mm` (int8 × int8 → int32: A shifted by 128 into int8, the same work),
     batch_matmul by it once per batch."""
     torch.set_num_threads(threads)
-    named = dict(zip((name for name, _ in workload.operand_shapes()), inputs))
+    named, held = dict(zip((name for name, _ in workload.operand_shapes()), inputs)), torch_operands(workload, inputs)
     if workload.op in ("dense", "conv2d"):
         activation, weight = inputs[:2]
         with warnings.catch_warnings():  # PyTorch 2.13 deprecates its quantized tensors, though its ops take them
@@ -96,10 +104,10 @@ def int8_calls(workload: Workload, threads: int, inputs, torch) -> dict[str, Cal
             weights = torch._make_per_channel_quantized_tensor(
                 torch.from_numpy(weight), torch.from_numpy(named["w_scale"].astype(np.float64)),
                 torch.zeros(len(weight), dtype=torch.int64), 0)
-            x = torch._make_per_tensor_quantized_tensor(torch.from_numpy(activation), float(named["x_scale"][0]),
-                                                        int(named["x_zero"][0]))
+            x = torch._make_per_tensor_quantized_tensor(held["data" if workload.op == "conv2d" else "X"],
+                                                        float(named["x_scale"][0]), int(named["x_zero"][0]))
             if workload.op == "conv2d":
-                return {"torch": quantized_conv2d(workload.p, x, weights, named, torch)}
+                return {"torch": quantized_conv2d(workload.p, x, weights, held, torch)}
         packed = torch.ops.quantized.linear_prepack(weights, None)
         return {"torch": lambda: torch.ops.quantized.linear(x, packed, 0.05, 128)}
     signed = lambda a: torch.from_numpy((a.astype(np.int16) - 128).astype(np.int8)) if a.dtype == np.uint8 else \
@@ -110,18 +118,18 @@ def int8_calls(workload: Workload, threads: int, inputs, torch) -> dict[str, Cal
     return {"torch": lambda: [torch._int_mm(a[i], b[i]) for i in range(len(a))]}
 
 
-def quantized_conv2d(p: dict, x, weights, named: dict, torch) -> Callable:
+def quantized_conv2d(p: dict, x, weights, held: dict, torch) -> Callable:
     """PyTorch's int8 convolution as a quantized model runs it: channels-last activations (fbgemm's own layout: its
     fastest), the bias and a relu fused (quantized::conv2d_relu), the residual added to the requantized output by
     quantized::add (or add_relu); another epilogue on the dequantized output, an operator of its own."""
     ops = torch.ops.quantized
-    bias = torch.from_numpy(named["bias"]) if p["bias"] else None
+    bias = held.get("bias")
     packed = ops.conv2d_prepack(weights, bias, [p["stride"]] * 2, [p["pad"]] * 2, [1, 1], 1)
     x = x.contiguous(memory_format=torch.channels_last)
     relu = p["epilogue"] == "relu"
     conv = lambda: (ops.conv2d_relu if relu and not p["residual"] else ops.conv2d)(x, packed, 0.05, 128)
     if p["residual"]:
-        residual = torch.quantize_per_tensor(torch.from_numpy(named["residual"]), 0.05, 128, torch.quint8)
+        residual = torch.quantize_per_tensor(held["residual"], 0.05, 128, torch.quint8)
         residual = residual.contiguous(memory_format=torch.channels_last)
         add = ops.add_relu if relu else ops.add
         call = lambda: add(conv(), residual, 0.05, 128)
