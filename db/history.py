@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from search_space import Config, ConfigSpace, FallbackWarned, NoTemplate, Target, Workload
 from search_space import dispatch_context, fallback_config, get_space
+from search_space.templates import relaid_knobs
 
 from .autotvm_log import import_log
 from .engine import is_url
@@ -165,8 +166,9 @@ class HistoryBest(FallbackWarned):
             return None
         with self._sessions() as session:
             for other in nearest_shapes(workload, stored_workloads(session, workload.op, target)):
+                relaid = lambda knobs, other=other: relaid_knobs(knobs, other, workload, target)
                 for record in best_records(session, other, target, CANDIDATES):
-                    config = fit_config(space, record.input.config)
+                    config = fit_config(space, record.input.config, relaid=relaid)
                     if config is not None:
                         return StoredConfig(config, other)
         return None

@@ -4,11 +4,14 @@ it exactly.
 A config measured on a CPU of the same model (another thread count) or with the same vector
 features, or on a GPU of the same compute capability, is the next best thing to one measured here. A config
 of another shape of the same op and options (another sequence length) is the next best thing to one tuned
-for this shape: its tiles still fit, or the nearest ones that do.
+for this shape: its tiles still fit, or the nearest ones that do. So is a config of the same shape laid out
+otherwise (a convolution tuned NCHW, run channels last): its space is the same.
 """
 from __future__ import annotations
 
 import math
+
+from typing import Callable
 
 from search_space import Config, ConfigSpace, InvalidConfig, Target, Workload
 
@@ -33,10 +36,18 @@ def most_similar(wanted: Target, stored: list[Target]) -> list[Target]:
     return sorted(others, key=lambda t: similarity(wanted, t), reverse=True)
 
 
+LAID = ("layout",)  # options that say how the activations lie, not what is computed
+
+
 def same_options(wanted: Workload, stored: Workload) -> bool:
-    """Whether two workloads are shapes of one operator: same op, dtype and non-size options (bias, epilogue...)."""
-    options = wanted.spec.options
+    """Whether two workloads are shapes of one operator: same op, dtype and non-size options (bias, epilogue...),
+    conv2d's layout aside."""
+    options = [option for option in wanted.spec.options if option not in LAID]
     return (stored.op, stored.dtype) == (wanted.op, wanted.dtype) and all(stored.p[o] == wanted.p[o] for o in options)
+
+
+def laid_otherwise(wanted: Workload, stored: Workload) -> bool:
+    return any(stored.p[option] != wanted.p[option] for option in LAID if option in wanted.spec.options)
 
 
 def size_distance(wanted: Workload, stored: Workload) -> float:
@@ -45,18 +56,19 @@ def size_distance(wanted: Workload, stored: Workload) -> float:
 
 
 def nearest_shapes(wanted: Workload, stored: list[Workload]) -> list[Workload]:
-    """The other shapes of `wanted`'s op and options among `stored`, nearest first."""
+    """The other shapes of `wanted`'s op and options among `stored`, nearest first (of two as near, the one laid
+    out as `wanted` is)."""
     shapes = [other for other in stored if other != wanted and same_options(wanted, other)]
-    return sorted(shapes, key=lambda other: size_distance(wanted, other))
+    return sorted(shapes, key=lambda other: (size_distance(wanted, other), laid_otherwise(wanted, other)))
 
 
 def fit_config(space: ConfigSpace, config: Config, vectors: tuple[Target, Target, tuple[str, ...]] | None = None,
-               parallel: str | None = None) -> Config | None:
+               parallel: str | None = None, relaid: Callable[[dict], dict] = lambda knobs: knobs) -> Config | None:
     """Another shape's config in `space`: the config with the same knob values where they are valid here, else
     the nearest valid one; None when its knobs are another template's. Another target's: with `vectors` (that
     target, this one, the template's VECTOR_SPLITS), its vectors made this target's first (`on_vectors_of`); with
-    `parallel`, run that way (`parallel_ways`)."""
-    knobs = dict(config.values) | ({"parallel": parallel} if parallel is not None else {})
+    `parallel`, run that way (`parallel_ways`); a shape laid out otherwise's, its knobs `relaid` for this one."""
+    knobs = relaid(dict(config.values)) | ({"parallel": parallel} if parallel is not None else {})
     if set(knobs) != set(space.knobs):
         return None
     if vectors is not None and "vec" in knobs:

@@ -38,7 +38,7 @@ from . import inductor
 from .autograd import gradients
 from .capture import Captured
 from .frame_stack import on_fresh_chunk
-from .patterns import Match, find_matches
+from .patterns import Match, find_matches, layout_of, traced
 from .shapes import Kernels, Product, ShapeDispatch
 
 log = logging.getLogger("tensortune.frontend")
@@ -128,7 +128,8 @@ def launch(run, addresses: list[int]) -> None:
 
 def substitute(captured: Captured, matches: list[Match], kernels: Kernels) -> fx.GraphModule:
     """The graph with each match's nodes replaced by one call of its TunedOp (and the view it fused through,
-    applied to the call's result)."""
+    applied to the call's result). A result the graph returns lies as eager's did: a channels_last convolution's
+    that eager returned NCHW is copied to NCHW (as Inductor keeps its outputs' strides)."""
     module, graph = captured.graph, captured.graph.graph
     replaced: dict[fx.Node, fx.Node] = {}  # a result an earlier match computes → its call
     for number, match in enumerate(matches):
@@ -142,7 +143,12 @@ def substitute(captured: Captured, matches: list[Match], kernels: Kernels) -> fx
                                            match.view.kwargs)
             call.meta = dict(match.view.args[0].meta)  # what it computes as traced, as for the nodes it replaces
         result.meta = dict(match.nodes[-1].meta)
+        eager = traced(match.nodes[-1], captured)
         match.nodes[-1].replace_all_uses_with(result)
+        if match.form.layout_differs(eager):
+            for output in [user for user in result.users if user.op == "output"]:
+                with graph.inserting_before(output):
+                    output.replace_input_with(result, graph.call_method("contiguous", (result,)))
         replaced[match.nodes[-1]] = result
         for node in reversed(match.nodes):
             graph.erase_node(node)

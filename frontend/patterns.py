@@ -22,7 +22,7 @@ import logging
 import math
 import operator
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -489,4 +489,15 @@ def find_matches(captured: Captured) -> list[Match]:
                 break
     for reason, ops in refused.items():
         log.warning(f"tensortune: {len(ops)} op(s) run in PyTorch ({reason}): {'; '.join(ops)}")
-    return found
+    return channels_last(found)
+
+
+def channels_last(found: list[Match]) -> list[Match]:
+    """A graph of two or more convolutions runs them all in the nhwc layout, as Inductor's layout optimization runs
+    a convolutional network: the first converts its input once, and what lies between them (pools, adds) stays
+    channels_last (ResNet-18's max pool on the stem's result: 960-1,070 µs on NCHW, 90 channels last, on a Zen 4 at
+    2 threads). A lone convolution reads its input as it lies."""
+    if sum(isinstance(match.form, Conv2d) for match in found) < 2:
+        return found
+    return [replace(match, form=replace(match.form, layout="nhwc")) if isinstance(match.form, Conv2d) else match
+            for match in found]

@@ -47,6 +47,11 @@ class _Result:
     views = False  # whether its kernels read views of its activations in place, chosen by their strides too
     memory_format = torch.contiguous_format  # how its activations and result lie, each in its own memory
 
+    def layout_differs(self, eager: torch.Tensor | None) -> bool:
+        """Whether its result lies otherwise than `eager`, the traced result of the nodes it replaces: never but for
+        a convolution run channels_last where eager's was not."""
+        return False
+
     @property
     def result_dtype(self) -> str:
         return output_dtype(self.op, self.dtype)
@@ -141,6 +146,9 @@ class Conv2d(_Result):
     @property
     def memory_format(self) -> torch.memory_format:
         return torch.channels_last if self.layout == "nhwc" else torch.contiguous_format
+
+    def layout_differs(self, eager: torch.Tensor | None) -> bool:
+        return eager is not None and not eager.is_contiguous(memory_format=self.memory_format)
 
     def workload(self, x: tuple[int, ...], *residual) -> Workload:
         return Workload.make("conv2d", self.dtype, N=x[0], C=self.C, H=x[2], W=x[3], K=self.K, R=self.R, S=self.S,

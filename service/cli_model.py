@@ -22,8 +22,8 @@ DTYPE_OPTION = typer.Option("float32", "--dtype", help="float32; bfloat16: the m
                                                        "Linears quantized by torch.ao's quantize_dynamic")
 MODEL_DTYPES = FLOATING + ("int8",)
 CHANNELS_LAST_OPTION = typer.Option(False, "--channels-last", help="the model and its 4-D inputs in PyTorch's "
-                                    "channels_last memory format, as advised for a convolutional network on CPUs: its "
-                                    "convolutions read and write channels last")
+                                    "channels_last memory format, as advised for a convolutional network on CPUs "
+                                    "(eager and Inductor then run it so too)")
 TRAINING_OPTION = typer.Option(False, "--training", help="a training step (forward with grad enabled, then backward) "
                                                          "instead of inference: float32")
 

@@ -15,7 +15,8 @@ from db_helpers import database, db_url, measurement, other_threads  # noqa: F40
 from typer.testing import CliRunner
 
 from db import Database, apply_history_best, export_log, similar_target_message
-from search_space import Config, Target, dense, fallback_config, get_space, host_target, matmul
+from db.matching import nearest_shapes
+from search_space import Config, Target, conv2d, dense, fallback_config, get_space, host_target, matmul
 from search_space.templates import gemm
 from service.cli import app
 from workers import MeasureInput, Outcome, build
@@ -179,6 +180,26 @@ def test_a_borrowed_config_whose_tiles_do_not_fit_takes_the_nearest_that_does(da
     assert {name: value for name, value in borrowed.items() if name != "tile_m"} == \
            {name: value for name, value in knobs.items() if name != "tile_m"}
     check_output(build(wanted, target, found.config))
+
+
+@pytest.mark.parametrize("write, swapped", [("rows", "channels"), ("channels", "rows")])
+def test_a_convolution_borrows_the_same_shape_laid_out_otherwise_its_write_back_swapped(database, write, swapped):
+    """A convolution tuned NCHW serves the same one run channels last (a graph of convolutions runs them so) before
+    another-sized one of its own layout would: the same space, but the write-back that stored contiguous rows
+    becomes the one that stores contiguous channel vectors, and the other way round."""
+    target = host_target()
+    stored = conv2d(1, 16, 12, 12, 32, 3, 3, 1, 1, bias=True)
+    wanted, other = (conv2d(1, 16, 12, w, 32, 3, 3, 1, 1, bias=True, layout="nhwc") for w in (12, 14))
+    index = index_with(stored, target, 0, write=write)
+    database.record(*measurement(stored, target, index, 1e-5))
+    database.record(*measurement(other, target, 3, 1e-6))
+    with apply_history_best(database) as history:
+        found = history.query_nearest(wanted, target)
+    knobs = get_space(stored, target).get(index).to_dict()
+    assert found.workload == stored and found.config.to_dict() == knobs | {"write": swapped}
+    check_output(build(wanted, target, found.config))
+    as_near = conv2d(1, 16, 12, 14, 32, 3, 3, 1, 1, bias=True)  # as near as `other`, laid out otherwise: after it
+    assert nearest_shapes(wanted, [as_near, other, stored]) == [stored, other, as_near]
 
 
 def test_the_shape_itself_when_stored_and_none_when_its_op_never_was(database):

@@ -120,9 +120,11 @@ def test_bert_layer_tasks():
 
 def test_resnet18_tasks_fold_batch_norm_and_fuse_the_shortcut():
     tasks = {t.workload.key: t for t in extract_tasks(*load_model("resnet18"))}
-    block = conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, bias=True, residual=True, epilogue="relu").key
+    # channels last, as a graph of several convolutions runs
+    block = conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, bias=True, residual=True, epilogue="relu", layout="nhwc").key
     assert tasks[block].weight == 2 and sum(t.weight for t in tasks.values()) == 21  # 20 convolutions and the fc
-    assert conv2d(1, 64, 56, 56, 128, 1, 1, 2, 0, bias=True).key in tasks  # a shortcut: its add went to the block
+    shortcut = conv2d(1, 64, 56, 56, 128, 1, 1, 2, 0, bias=True, layout="nhwc")
+    assert shortcut.key in tasks  # its add went to the block
 
 
 PLAIN_PRESETS = [name for name in PRESETS if not name.startswith("hf-")]  # small Hugging Face models: test_hf_models.py
@@ -155,21 +157,27 @@ class Block(nn.Module):
         return torch.relu(self.second(torch.relu(self.first(x))) + x)
 
 
-def test_a_channels_last_model_runs_its_convolutions_channels_last(tmp_path):
-    """A model and image in channels_last (bench model --channels-last): each convolution reads and writes its
-    activations so (the nhwc layout): the result, the last convolution's, lies as eager's does, with its numbers."""
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"])
+def test_a_graph_of_convolutions_runs_them_channels_last(memory_format, tmp_path):
+    """Three convolutions, in a model and image laid NCHW (as PyTorch makes them) or channels_last (bench model
+    --channels-last): each reads and writes its activations channels last (the nhwc layout), and the result, the
+    last convolution's, lies as eager's does, with its numbers."""
     torch.manual_seed(0)
-    model = Block().eval().to(memory_format=torch.channels_last)
+    model = Block().eval().to(memory_format=memory_format)
     model.norm.running_var.uniform_(0.5, 2.0)
-    image = torch.randn(1, 3, 21, 18).contiguous(memory_format=torch.channels_last)
+    image = torch.randn(1, 3, 21, 18).contiguous(memory_format=memory_format)
     layouts = {task.workload.key: task.workload.p["layout"] for task in extract_tasks(model, (image,))}
     assert len(layouts) == 3 and set(layouts.values()) == {"nhwc"}, layouts
     expected, got, _ = compiled_output(model, (image,), f"sqlite:///{tmp_path}/empty.db")
-    last = torch.channels_last
-    assert got.is_contiguous(memory_format=last) and expected.is_contiguous(memory_format=last)
+    assert got.stride() == expected.stride() and expected.is_contiguous(memory_format=memory_format)
     assert float((got - expected).abs().max()) <= 1e-4 * max(1.0, float(expected.abs().max()))
-    nchw = {task.workload.p["layout"] for task in extract_tasks(Block().eval(), (torch.randn(1, 3, 21, 18),))}
-    assert nchw == {"nchw"}  # a model as PyTorch makes it keeps NCHW
+
+
+def test_a_lone_convolution_reads_its_input_as_it_lies():
+    for memory_format, layout in ((torch.contiguous_format, "nchw"), (torch.channels_last, "nhwc")):
+        image = torch.randn(1, 3, 9, 11).contiguous(memory_format=memory_format)
+        [task] = extract_tasks(nn.Conv2d(3, 8, 3, 2, 1).eval(), (image,))
+        assert task.workload == conv2d(1, 3, 9, 11, 8, 3, 3, 2, 1, bias=True, layout=layout)
 
 
 def test_each_shape_runs_the_config_stored_for_it(tmp_path):

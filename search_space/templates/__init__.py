@@ -63,6 +63,12 @@ def fallback_config(workload: Workload, target: Target | str = "llvm") -> Config
     return template(workload, target).fallback(workload, target, get_space(workload, target))
 
 
+def relaid_knobs(knobs: dict, stored: Workload, wanted: Workload, target: Target) -> dict:
+    """A config's knobs of `stored` for `wanted`, a workload of the same op laid out otherwise, where its template
+    says how they carry over (conv2d's `relaid`); else as they are."""
+    return getattr(template(wanted, target), "relaid", lambda knobs, *_: knobs)(knobs, stored, wanted)
+
+
 def seed_configs(workload: Workload, target: Target | str = "llvm") -> list[Config]:
     """The configs a search measures first where the op has not been searched on the target (a template's `seeds`,
     each once); none for a template that has no analytic choice to offer."""

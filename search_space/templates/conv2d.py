@@ -106,6 +106,15 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     return space_.nearest(want)
 
 
+def relaid(knobs: dict, stored: Workload, wanted: Workload) -> dict:
+    """A config of `stored`'s convolution for `wanted`'s, the same laid out otherwise: the write-back swapped, so
+    that the one that stored whole contiguous runs there stores them here (rows in NCHW, channel vectors in
+    NHWC)."""
+    if stored.p["layout"] == wanted.p["layout"]:
+        return knobs
+    return knobs | {"write": {"rows": "channels", "channels": "rows"}[knobs["write"]]}
+
+
 def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Config]:
     """What a search measures first where the op has not been searched on the target: the register blocks of
     `seed_blocks` (output positions × channel vectors), the rest as the fallback."""
