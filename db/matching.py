@@ -10,7 +10,6 @@ otherwise (a convolution tuned NCHW, run channels last): its space is the same.
 from __future__ import annotations
 
 import math
-
 from typing import Callable
 
 from search_space import Config, ConfigSpace, InvalidConfig, Target, Workload
@@ -47,6 +46,7 @@ def same_options(wanted: Workload, stored: Workload) -> bool:
 
 
 def laid_otherwise(wanted: Workload, stored: Workload) -> bool:
+    """Whether `stored` is laid out otherwise than `wanted` (its activations in another layout)."""
     return any(stored.p[option] != wanted.p[option] for option in LAID if option in wanted.spec.options)
 
 
@@ -80,9 +80,10 @@ def fit_config(space: ConfigSpace, config: Config, vectors: tuple[Target, Target
 
 
 def fitted_ways(space: ConfigSpace, config: Config, there: Target, here: Target,
-                vectors: tuple[Target, Target, tuple[str, ...]] | None = None) -> list[Config]:
+                vectors: tuple[Target, Target, tuple[str, ...]] | None = None,
+                relaid: Callable[[dict], dict] = lambda knobs: knobs) -> list[Config]:
     """A config of target `there` in `space`, on target `here`: fitted (`fit_config`), in each of its parallel ways."""
-    fitted = (fit_config(space, config, vectors, way) for way in parallel_ways(space, there, here))
+    fitted = (fit_config(space, config, vectors, way, relaid) for way in parallel_ways(space, there, here))
     return [config for config in fitted if config is not None]
 
 

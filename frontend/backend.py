@@ -38,7 +38,7 @@ from . import inductor
 from .autograd import gradients
 from .capture import Captured
 from .frame_stack import on_fresh_chunk
-from .patterns import Match, find_matches, layout_of, traced
+from .patterns import Match, find_matches, traced
 from .shapes import Kernels, Product, ShapeDispatch
 
 log = logging.getLogger("tensortune.frontend")

@@ -26,10 +26,11 @@ OPERATOR, DIFFERENTIABLE = "tuned", "tuned_differentiable"
 
 @runtime_checkable
 class Opaque(Protocol):
-    """What Inductor needs of a tuned op: its result's shape (from fake tensors, sizes maybe symbolic) and dtype,
-    its result (from real tensors), and which activations' gradients it computes."""
+    """What Inductor needs of a tuned op: its result's shape (from fake tensors, sizes maybe symbolic), dtype and
+    memory format, its result (from real tensors), and which activations' gradients it computes."""
 
     dtype: torch.dtype
+    memory_format: torch.memory_format
     grads: tuple[bool, ...]
 
     def result_shape(self, *activations: torch.Tensor) -> tuple: ...

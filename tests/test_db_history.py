@@ -19,6 +19,7 @@ from db.matching import nearest_shapes
 from search_space import Config, Target, conv2d, dense, fallback_config, get_space, host_target, matmul
 from search_space.templates import gemm
 from service.cli import app
+from tuner.tune import borrowed_configs
 from workers import MeasureInput, Outcome, build
 
 WORKLOAD = matmul(24, 24, 24)
@@ -198,6 +199,8 @@ def test_a_convolution_borrows_the_same_shape_laid_out_otherwise_its_write_back_
     knobs = get_space(stored, target).get(index).to_dict()
     assert found.workload == stored and found.config.to_dict() == knobs | {"write": swapped}
     check_output(build(wanted, target, found.config))
+    # a tuning job of `wanted` measures it first among the configs it borrows
+    assert borrowed_configs(database, wanted, target, get_space(wanted, target))[0] == found.config
     as_near = conv2d(1, 16, 12, 14, 32, 3, 3, 1, 1, bias=True)  # as near as `other`, laid out otherwise: after it
     assert nearest_shapes(wanted, [as_near, other, stored]) == [stored, other, as_near]
 

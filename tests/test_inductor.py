@@ -138,7 +138,7 @@ class RowDispatchedDense(nn.Module):
     """A linear layer on tensortune kernels, one built at the first sight of each row count, called as the
     backend's TunedOp calls them: by address."""
 
-    dtype, grads = torch.float32, (False,)
+    dtype, grads, memory_format = torch.float32, (False,), torch.contiguous_format
 
     def __init__(self, linear: nn.Linear):
         super().__init__()

@@ -77,7 +77,7 @@ def vouched_configs(database: Database, workload: Workload, target: Target, trai
             stored = stored_workloads(session, workload.op, other)
         nearest = sorted(stored, key=lambda shape: size_distance(workload, shape))[:BORROWED]
         shapes += [(shape, other) for shape in nearest]
-    found = fitted_bests(database, get_space(workload, target), target, shapes)
+    found = fitted_bests(database, workload, get_space(workload, target), target, shapes)
     fallback = fallback_config(workload, target)
     return found + ([fallback] if fallback.index not in {config.index for config in found} else [])
 

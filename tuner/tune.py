@@ -19,7 +19,7 @@ from db.outage import unavailable, wait_until_reachable
 from db.queries import applies, stored_targets
 from db.queue import JobQueue
 from search_space import Config, ConfigSpace, Target, Workload, fallback_config, get_space, seed_configs
-from search_space.templates import template
+from search_space.templates import relaid_knobs, template
 from workers import MeasureInput, MeasureResult
 from workers.pool import NoWorkerHost, Pool, make_pool
 from workers.task import MeasureOptions, Task
@@ -113,17 +113,18 @@ BORROWED = 8  # other shapes whose best config a new job measures first, the nea
 PROVEN = 16  # measurements of a shape (four batches) after which a job borrows its best without measuring the seeds
 
 
-def fitted_bests(database: Database, space: ConfigSpace, target: Target, shapes: Iterable[tuple[Workload, Target]],
-                 limit: int | None = None) -> list[Config]:
-    """The best stored config of each (shape, stored target) that fits into `space` on `target`, fitted (a config of
-    another target with its vectors scaled to this one's, a 1-thread one in each parallel way), each once, in order;
-    the first `limit` of them."""
+def fitted_bests(database: Database, workload: Workload, space: ConfigSpace, target: Target,
+                 shapes: Iterable[tuple[Workload, Target]], limit: int | None = None) -> list[Config]:
+    """The best stored config of each (shape, stored target) that fits into the workload's `space` on `target`,
+    fitted (a config of another target with its vectors scaled to this one's, a 1-thread one in each parallel way, a
+    shape laid out otherwise's relaid), each once, in order; the first `limit` of them."""
     found: dict[int, Config] = {}
     for shape, stored in shapes:
         splits = getattr(template(shape, target), "VECTOR_SPLITS", ())
         vectors = None if str(stored) == str(target) else (stored, target, splits)
+        relaid = lambda knobs, shape=shape: relaid_knobs(knobs, shape, workload, target)
         for best in database.best(shape, stored):
-            for fitted in fitted_ways(space, best.input.config, stored, target, vectors):
+            for fitted in fitted_ways(space, best.input.config, stored, target, vectors, relaid):
                 found.setdefault(fitted.index, fitted)
         if limit is not None and len(found) >= limit:
             break
@@ -135,7 +136,7 @@ def borrowed_configs(database: Database, workload: Workload, target: Target, spa
     BORROWED, the nearest in size first), fitted into `space`: what a new shape (another sequence length) measures
     before its tuner's own proposals, so that its first configs are the ones known to be good."""
     nearest = database.nearest_shapes(workload, target)[:BORROWED]
-    return fitted_bests(database, space, target, ((other, target) for other in nearest))
+    return fitted_bests(database, workload, space, target, ((other, target) for other in nearest))
 
 
 def transplanted_configs(database: Database, workload: Workload, target: Target, space: ConfigSpace) -> list[Config]:
@@ -146,7 +147,7 @@ def transplanted_configs(database: Database, workload: Workload, target: Target,
         stored = stored_targets(session, target.kind)
     shapes = ((shape, other) for other in most_similar(target, stored)
               for shape in [workload] + database.nearest_shapes(workload, other)[:BORROWED])
-    return fitted_bests(database, space, target, shapes, BORROWED)
+    return fitted_bests(database, workload, space, target, shapes, BORROWED)
 
 
 class Borrowing:
