@@ -118,7 +118,7 @@ def _conv2d_reference(p: dict, data, weight, *extra):
     nhwc layout's activations transposed to it and the result back)."""
     if p["layout"] == "nhwc":
         nchw = lambda a: a.transpose(0, 3, 1, 2)
-        bias, residual = extra[:p["bias"]], [nchw(a) for a in extra[p["bias"]:]]
+        bias, residual = extra[:int(p["bias"])], [nchw(a) for a in extra[int(p["bias"]):]]
         y = _conv2d_reference(p | {"layout": "nchw"}, nchw(data), weight, *bias, *residual)
         return np.ascontiguousarray(y.transpose(0, 2, 3, 1))
     pad = p["pad"]

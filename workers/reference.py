@@ -98,14 +98,13 @@ def int8_calls(workload: Workload, threads: int, inputs, torch) -> dict[str, Cal
     torch.set_num_threads(threads)
     named, held = dict(zip((name for name, _ in workload.operand_shapes()), inputs)), torch_operands(workload, inputs)
     if workload.op in ("dense", "conv2d"):
-        activation, weight = inputs[:2]
+        activation, weight = held["X" if workload.op == "dense" else "data"], inputs[1]
         with warnings.catch_warnings():  # PyTorch 2.13 deprecates its quantized tensors, though its ops take them
             warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
             weights = torch._make_per_channel_quantized_tensor(
                 torch.from_numpy(weight), torch.from_numpy(named["w_scale"].astype(np.float64)),
                 torch.zeros(len(weight), dtype=torch.int64), 0)
-            x = torch._make_per_tensor_quantized_tensor(held["data" if workload.op == "conv2d" else "X"],
-                                                        float(named["x_scale"][0]), int(named["x_zero"][0]))
+            x = torch._make_per_tensor_quantized_tensor(activation, float(named["x_scale"][0]), int(named["x_zero"][0]))
             if workload.op == "conv2d":
                 return {"torch": quantized_conv2d(workload.p, x, weights, held, torch)}
         packed = torch.ops.quantized.linear_prepack(weights, None)
