@@ -39,7 +39,7 @@ def test_the_fallbacks_register_block_fits_the_register_file():
 
 def test_the_conv2d_fallback_block_is_4_by_4_where_it_fits():
     """4 output positions × 4 channel vectors in AVX-512's 32 registers, 6 × 2 in AVX2's 16 (4 × 4 would not fit),
-    in every dtype; the channel block and the threads' axis as before."""
+    in every dtype; the channel block of 16 as before."""
     for target, block in ((zen4(), (4, 4)), (AVX2, (6, 2))):
         for dtype in ("float32", "bfloat16", "int8"):
             fallback = fallback_config(conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, dtype=dtype), target)
