@@ -24,6 +24,8 @@ MODEL_DTYPES = FLOATING + ("int8",)
 CHANNELS_LAST_OPTION = typer.Option(False, "--channels-last", help="the model and its 4-D inputs in PyTorch's "
                                     "channels_last memory format, as advised for a convolutional network on CPUs "
                                     "(eager and Inductor then run it so too)")
+ROUNDS_OPTION = typer.Option(5, "--rounds", min=1, help="alternating rounds each way is timed in, its median over "
+                             "them the figure (more where neighbours slow a host in phases)")
 TRAINING_OPTION = typer.Option(False, "--training", help="a training step (forward with grad enabled, then backward) "
                                                          "instead of inference: float32")
 
@@ -90,10 +92,11 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
                tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
                db: Optional[str] = DB_OPTION,
                workers: str = typer.Option("local", "--workers", help=WORKERS_HELP),
+               rounds: int = ROUNDS_OPTION,
                again: bool = typer.Option(False, "--again", help="tune anew though the same job already ran to its end")):
     """Tune every task of a model (at every sequence length of --seq-lens; with --training, those of a training
     step, its gradients' products too) under one budget (rerun to resume; a finished job is shown, not run again),
-    then time it: eager PyTorch beside tensortune, in the same run."""
+    then time it: eager PyTorch beside tensortune, in the same run (--rounds as for bench model)."""
     require_torch()
     check_workers(workers)
     check_dtype(dtype, training)
@@ -138,7 +141,8 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
             measurer.close()
         print(f"model job {result.job_id}: {result.trials} trials over {len(tasks)} tasks of {name} on {target_}")
         print(f"time: {time_split(result.seconds)}")
-    for row in measure_at_lengths(model, net, inputs_at, database.url, str(target_), inductor=False, training=training):
+    for row in measure_at_lengths(model, net, inputs_at, database.url, str(target_), rounds,
+                                  inductor=False, training=training):
         at = f"seq_len {row['seq_len']}: " if row["seq_len"] else ""
         at += "training step: " if training else ""
         print(f"{at}eager PyTorch {row['eager_ms']:.2f} ms, tensortune {row['tensortune_ms']:.2f} ms "
@@ -161,9 +165,7 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
                 profile: bool = typer.Option(False, "--profile", help="each tuned op's time beside PyTorch's for it "
                                              "(and oneDNN's packed linear for dense), the largest loss first, and "
                                              "the time outside the tuned ops"),
-                rounds: int = typer.Option(5, "--rounds", min=1, help="alternating rounds each way is timed in, its "
-                                           "median over them the figure (more where neighbours slow a host in "
-                                           "phases)")):
+                rounds: int = ROUNDS_OPTION):
     """Eager PyTorch, Inductor (default, and max-autotune with freezing) and tensortune on whole models, alternating
     in one run, with the max error; at each of --seq-lens, each way compiled once and called at every length. With
     --dtype bfloat16, every way runs the model cast to bfloat16, and the errors of eager's and tensortune's results

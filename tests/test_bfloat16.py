@@ -151,7 +151,7 @@ def test_tune_model_and_bench_model_in_bfloat16(tmp_path, monkeypatch):
     (tmp_path / "models.py").write_text(MODEL_FILE)
     db = f"sqlite:///{tmp_path}/t.db"
     tuned = run("tune-model", "models.py:tiny", "--trials", "8", "--tuner", "random", "--dtype", "bfloat16", "--target",
-                "llvm -threads=1", "--db", db, cwd=tmp_path)
+                "llvm -threads=1", "--db", db, "--rounds", "1", cwd=tmp_path)
     assert tuned.returncode == 0, tuned.stderr
     assert "8 trials over 2 tasks of models.py:tiny --dtype bfloat16" in tuned.stdout
     database = Database(db)
@@ -159,7 +159,7 @@ def test_tune_model_and_bench_model_in_bfloat16(tmp_path, monkeypatch):
         dense(4, 32, 16, bias=True, epilogue="relu", dtype="bfloat16"), dense(4, 8, 32, bias=True, dtype="bfloat16")}
     assert database.job(1).model == "models.py:tiny --dtype bfloat16"
     timed = run("bench", "model", "models.py:tiny", "--json", "--no-inductor", "--dtype", "bfloat16", "--db", db,
-                "--target", "llvm -threads=1", cwd=tmp_path)
+                "--target", "llvm -threads=1", "--rounds", "1", cwd=tmp_path)
     assert timed.returncode == 0, timed.stderr
     row = json.loads(timed.stdout.strip().splitlines()[-1])
     assert row["dtype"] == "bfloat16" and row["tensortune_ms"] > 0

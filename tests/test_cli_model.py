@@ -105,7 +105,7 @@ def test_tune_model_tunes_every_task_then_times_the_model(tmp_path):
     (tmp_path / "models.py").write_text(MODEL_FILE)
     db = f"sqlite:///{tmp_path}/model.db"
     tuned = run("tune-model", "models.py:tiny", "--trials", "12", "--tuner", "random", "--target", "llvm -threads=1",
-                "--db", db, cwd=tmp_path)
+                "--db", db, "--rounds", "1", cwd=tmp_path)
     assert tuned.returncode == 0, tuned.stderr
     assert "12 trials over 2 tasks of models.py:tiny" in tuned.stdout
     assert re.search(r"^time: tuner [\d.]+ s \(\d+% of [\d.]+ s\), measuring [\d.]+ s, writing records [\d.]+ s$",
@@ -117,17 +117,18 @@ def test_tune_model_tunes_every_task_then_times_the_model(tmp_path):
     assert len(jobs) == 2 and sum(len(database.job_records(job.id)) for job in jobs) == 12
 
     request = ("tune-model", "models.py:tiny", "--trials", "12", "--tuner", "random", "--target", "llvm -threads=1",
-               "--db", db)
+               "--db", db, "--rounds", "1")
     again = run(*request, "--again", cwd=tmp_path)  # without --again, shown rather than run (as for --seq-lens below)
     assert again.returncode == 0, again.stderr
     assert "12 trials over 2 tasks" in again.stdout and len(database.children(4)) == 2
 
-    timed = run("bench", "model", "models.py:tiny", "--json", "--db", db, "--target", "llvm -threads=1", cwd=tmp_path)
+    timed = run("bench", "model", "models.py:tiny", "--json", "--db", db, "--target", "llvm -threads=1", "--rounds", "1",
+                cwd=tmp_path)
     assert timed.returncode == 0, timed.stderr
     row = json.loads(timed.stdout.strip().splitlines()[-1])
     assert {"model", "threads", "eager_ms", "inductor_ms", "inductor_max_autotune_ms", "tensortune_ms",
             "max_error"} <= set(row)
-    assert row["model"] == "models.py:tiny" and row["threads"] == 1 and row["max_error"] < 1e-4
+    assert row["model"] == "models.py:tiny" and row["threads"] == 1 and row["rounds"] == 1 and row["max_error"] < 1e-4
     assert min(row["eager_ms"], row["inductor_ms"], row["inductor_max_autotune_ms"], row["tensortune_ms"]) > 0
     assert set(row["compile_seconds"]) == {"inductor", "inductor_max_autotune", "tensortune"}
 
@@ -140,7 +141,7 @@ def test_a_transformers_bert_returning_a_model_output_is_tuned_then_timed(tmp_pa
     (tmp_path / "hf.py").write_text(BERT_FILE)
     db = f"sqlite:///{tmp_path}/hf.db"
     tuned = run("tune-model", "hf.py:bert", "--trials", "8", "--tuner", "random", "--target", "llvm -threads=1",
-                "--db", db, cwd=tmp_path)
+                "--db", db, "--rounds", "1", cwd=tmp_path)
     assert tuned.returncode == 0, tuned.stderr
     assert "Traceback" not in tuned.stderr and "eager PyTorch" in tuned.stdout
     assert float(tuned.stdout.split("max difference ")[-1]) < 1e-4
@@ -149,7 +150,7 @@ def test_a_transformers_bert_returning_a_model_output_is_tuned_then_timed(tmp_pa
     assert len(tasks) >= 3 and all(database.job_records(task.id) for task in tasks)
 
     timed = run("bench", "model", "hf.py:bert", "--json", "--no-inductor", "--db", db, "--target", "llvm -threads=1",
-                cwd=tmp_path)
+                "--rounds", "1", cwd=tmp_path)
     assert timed.returncode == 0, timed.stderr
     row = json.loads(timed.stdout.strip().splitlines()[-1])
     assert row["model"] == "hf.py:bert" and row["max_error"] < 1e-4 and row["tensortune_ms"] > 0
@@ -184,7 +185,7 @@ def test_channels_last_tunes_and_times_the_model_laid_channels_last(tmp_path):
     (tmp_path / "cnn.py").write_text(CONV_FILE)
     db, target = f"sqlite:///{tmp_path}/cnn.db", "llvm -threads=1"
     tuned = run("tune-model", "cnn.py:cnn", "--channels-last", "--trials", "4", "--tuner", "random", "--target", target,
-                "--db", db, cwd=tmp_path)
+                "--db", db, "--rounds", "1", cwd=tmp_path)
     assert tuned.returncode == 0, tuned.stderr
     assert "4 trials over 2 tasks of cnn.py:cnn --channels-last" in tuned.stdout
     database = Database(db)
@@ -223,7 +224,9 @@ def test_models_that_cannot_be_tuned_are_refused_in_one_line(tmp_path, monkeypat
     assert missing.exit_code == 2 and "nowhere.py: cannot get a model from make()" in missing.stderr
     no_rounds = refused("bench", "model", "models.py:tiny", "--rounds", "0", cwd=tmp_path, monkeypatch=monkeypatch)
     assert no_rounds.exit_code == 2 and "--rounds" in no_rounds.stderr
-    for each in (nothing, unknown, missing, no_rounds):
+    no_closing_rounds = refused("tune-model", "models.py:tiny", "--rounds", "0", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert no_closing_rounds.exit_code == 2 and "--rounds" in no_closing_rounds.stderr
+    for each in (nothing, unknown, missing, no_rounds, no_closing_rounds):
         assert each.exception is None or isinstance(each.exception, SystemExit), each.exception
 
 
@@ -245,7 +248,7 @@ def test_tune_model_tunes_every_sequence_length_under_one_budget(tmp_path):
     (tmp_path / "models.py").write_text(MODEL_FILE)
     db = f"sqlite:///{tmp_path}/lengths.db"
     request = ("tune-model", "models.py:sized", "--trials", "16", "--tuner", "random", "--target", "llvm -threads=1",
-               "--db", db)
+               "--db", db, "--rounds", "1")
     tuned = run(*request, "--seq-lens", "16,8", cwd=tmp_path)
     assert tuned.returncode == 0, tuned.stderr
     assert "16 trials over 4 tasks of models.py:sized --seq-lens 8,16" in tuned.stdout
@@ -279,7 +282,7 @@ def test_sequence_lengths_need_a_function_that_takes_seq_len(tmp_path, monkeypat
 def test_bench_model_times_every_way_at_every_length(tmp_path):
     (tmp_path / "models.py").write_text(MODEL_FILE)
     timed = run("bench", "model", "models.py:sized", "--seq-lens", "8,16", "--no-max-autotune", "--json", "--target",
-                "llvm -threads=1", "--db", f"sqlite:///{tmp_path}/b.db", cwd=tmp_path)
+                "llvm -threads=1", "--db", f"sqlite:///{tmp_path}/b.db", "--rounds", "1", cwd=tmp_path)
     assert timed.returncode == 0, timed.stderr
     rows = [json.loads(line) for line in timed.stdout.splitlines() if line.startswith("{")]
     assert [(row["model"], row["seq_len"]) for row in rows] == [("models.py:sized", 8), ("models.py:sized", 16)]
@@ -298,7 +301,7 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     they leave of each way's model time is outside them; the table says the same."""
     (tmp_path / "models.py").write_text(MODEL_FILE)
     words = ("bench", "model", "models.py:tiny", "--profile", "--no-inductor", "--target", "llvm -threads=1", "--db",
-             f"sqlite:///{tmp_path}/p.db")
+             f"sqlite:///{tmp_path}/p.db", "--rounds", "1")
     timed = run(*words, "--json", cwd=tmp_path)
     assert timed.returncode == 0, timed.stderr
     row = json.loads(timed.stdout.splitlines()[-1])

@@ -230,12 +230,12 @@ def test_tune_model_and_bench_model_in_int8(tmp_path):
     (tmp_path / "models.py").write_text(MODEL_FILE)
     db = f"sqlite:///{tmp_path}/t.db"
     tuned = run("tune-model", "models.py:tiny", "--trials", "8", "--tuner", "random", "--dtype", "int8", "--target",
-                "llvm -threads=1", "--db", db, cwd=tmp_path)
+                "llvm -threads=1", "--db", db, "--rounds", "1", cwd=tmp_path)
     assert tuned.returncode == 0, tuned.stderr
     assert {job.workload for job in Database(db).children(1)} == {
         dense(4, 32, 16, bias=True, epilogue="relu", dtype="int8"), dense(4, 8, 32, bias=True, dtype="int8")}
     timed = run("bench", "model", "models.py:tiny", "--json", "--dtype", "int8", "--db", db, "--target",
-                "llvm -threads=1", cwd=tmp_path)
+                "llvm -threads=1", "--rounds", "1", cwd=tmp_path)
     assert timed.returncode == 0, timed.stderr
     row = json.loads(timed.stdout.strip().splitlines()[-1])
     assert row["dtype"] == "int8" and row["tensortune_ms"] > 0 and "inductor_ms" not in row

@@ -111,7 +111,7 @@ def test_tune_model_tunes_a_training_steps_tasks_then_times_the_step(tmp_path):
     """Tiny's two linear layers: their forwards, the second's dX and both dW (its input needs no gradient)."""
     (tmp_path / "models.py").write_text(MODEL_FILE)
     tuned = run("tune-model", "models.py:tiny", "--training", "--trials", "10", "--target", "llvm -threads=1",
-                "--db", f"sqlite:///{tmp_path}/t.db", cwd=tmp_path)
+                "--db", f"sqlite:///{tmp_path}/t.db", "--rounds", "1", cwd=tmp_path)
     assert tuned.returncode == 0, tuned.stderr
     assert "10 trials over 5 tasks of models.py:tiny --training" in tuned.stdout
     assert re.search(r"training step: eager PyTorch [\d.]+ ms, tensortune [\d.]+ ms .* max difference", tuned.stdout)
