@@ -68,13 +68,14 @@ def test_the_reduction_block_keeps_a_and_b_in_half_of_l1():
     assert reduction_block(64, 64, 4, (64, 128)) == 64  # none fits: the shortest
 
 
-# per target and op: (rows, vectors) of the seeds at the widest vectors, then at half that width
+# per target and op: (rows, vectors) of the seeds at the widest vectors, then at half that width; a convolution's
+# at the widest vectors also the best whose rows divide its output row (56) with 8 accumulators or more
 EXPECTED = {
     ("avx2", "dense"): [(4, 3), (6, 2)] * 2, ("avx2", "batch_matmul"): [(4, 3), (6, 2)] * 2,
-    ("avx2", "conv2d"): [(4, 3), (6, 2)] * 2,
+    ("avx2", "conv2d"): [(4, 3), (6, 2), (2, 4), (4, 3), (6, 2)],  # (4, 3) leaves no tail already
     # 4 × 6 vectors of 8 as good as 6 × 4 (24 per 10 loads): nr = 6 × 16 is no register tile of the space
     ("avx512", "dense"): [(6, 4), (5, 4), (4, 6), (6, 4)], ("avx512", "batch_matmul"): [(6, 4), (5, 4), (4, 6), (6, 4)],
-    ("avx512", "conv2d"): [(6, 4), (5, 4)] * 2,  # conv2d's channel blocks stop at 4 vectors
+    ("avx512", "conv2d"): [(6, 4), (5, 4), (8, 3), (7, 3), (6, 4), (5, 4)],  # its channel blocks stop at 4 vectors
 }
 
 
@@ -85,8 +86,8 @@ def test_seeds_are_the_best_blocks_at_the_two_widest_vectors(target, workload):
     space, seeds = get_space(workload, target), seed_configs(workload, target)
     rows, columns = ("tile_ow", "tile_k") if workload.op == "conv2d" else ("tile_m", "tile_n")
     widest = max(space.knobs["vec"].candidates)
-    assert [seed["vec"] for seed in seeds] == [widest, widest, widest // 2, widest // 2]
     kind = "avx512" if target.vector_registers == 32 else "avx2"
+    assert [seed["vec"] for seed in seeds] == [widest] * (len(EXPECTED[kind, workload.op]) - 2) + [widest // 2] * 2
     assert [(seed[rows][-1], seed[columns][-1] // seed["vec"]) for seed in seeds] == EXPECTED[kind, workload.op]
     fallback = fallback_config(workload, target)
     # the rest is the fallback's, where the register block leaves it valid
@@ -94,6 +95,16 @@ def test_seeds_are_the_best_blocks_at_the_two_widest_vectors(target, workload):
     assert all(space.get(seed.index).to_dict() == seed.to_dict() for seed in seeds)
     if workload.op != "conv2d":  # a batch_matmul's B, an activation packed at every call, is read in place
         assert fallback["pack_b"] and [seed["pack_b"] for seed in seeds] == [workload.op != "batch_matmul"] * 4
+
+
+def test_a_small_images_convolution_seeds_blocks_as_wide_as_its_output_row():
+    """At output rows of 7 the best blocks (6 and 5 positions) leave a tail of 1 and 2: 7 × 3 and 7 × 2 vectors are
+    seeded too where they fit (AVX-512); on AVX2 only 7 × 1 would, too few accumulators to be worth a trial."""
+    workload = conv2d(1, 512, 7, 7, 512, 3, 3, 1, 1, layout="nhwc")
+    blocks = lambda target: [(seed["tile_ow"][-1], seed["tile_k"][-1] // seed["vec"], seed["vec"])  # noqa: E731
+                             for seed in seed_configs(workload, target)]
+    assert blocks(zen4()) == [(6, 4, 16), (5, 4, 16), (7, 3, 16), (7, 2, 16), (6, 4, 8), (5, 4, 8)]
+    assert blocks(AVX2) == [(4, 3, 8), (6, 2, 8), (4, 3, 4), (6, 2, 4)]
 
 
 def test_amx_seeds_its_larger_block_of_tiles_and_the_narrowed_target_gets_its_vector_family():

@@ -117,10 +117,12 @@ def relaid(knobs: dict, stored: Workload, wanted: Workload) -> dict:
 
 def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Config]:
     """What a search measures first where the op has not been searched on the target: the register blocks of
-    `seed_blocks` (output positions × channel vectors), the rest as the fallback."""
+    `seed_blocks` (output positions × channel vectors; those that leave no tail of the output row among them), the
+    rest as the fallback."""
     base = dict(fallback(workload, target, space_).values)
     return [space_.nearest(base | {"vec": vec, "tile_ow": (-1, owr), "tile_k": (-1, kb)})
-            for vec, owr, kb in seed_blocks(space_, "tile_ow", "tile_k", max(KB_VECTORS), target.vector_registers)]
+            for vec, owr, kb in seed_blocks(space_, "tile_ow", "tile_k", max(KB_VECTORS), target.vector_registers,
+                                            conv2d_output(workload.p)[1])]
 
 
 class _Conv2d:
