@@ -4,7 +4,7 @@ import resource
 
 import pytest
 
-from frontend.frame_stack import THRASHES, on_fresh_chunk
+from frontend.frame_stack import THRASHES, call_on_fresh_chunk, on_fresh_chunk
 
 CALLS = 200
 
@@ -45,3 +45,22 @@ def test_on_fresh_chunk_passes_arguments_result_and_attributes():
     boxed._boxed_call = True
     wrapped = on_fresh_chunk(boxed)
     assert wrapped([1, 2, 3]) == 6 and wrapped._boxed_call is True
+
+
+def faults(call) -> int:
+    """The page faults of CALLS calls."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(CALLS):
+        call()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.skipif(not THRASHES, reason="this Python keeps a spare chunk (3.13+): nothing to work around")
+def test_a_graph_called_within_a_fresh_chunk_maps_no_second_one():
+    """bench model calls every way from a fresh chunk; tensortune's graph, wrapped by on_fresh_chunk, then runs in
+    that one rather than mapping another (which cost it a second chunk a forward that the other ways did not pay),
+    and outside one it still maps its own."""
+    one = faults(lambda: call_on_fresh_chunk(callee, ()))
+    assert one >= CALLS  # a chunk mapped (and its pages faulted in) at every call
+    assert faults(lambda: call_on_fresh_chunk(on_fresh_chunk(callee), ())) < one * 1.5
+    assert faults(lambda: on_fresh_chunk(callee)()) >= CALLS
