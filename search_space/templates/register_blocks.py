@@ -33,17 +33,19 @@ def seed_blocks(space: ConfigSpace, rows_knob: str, columns_knob: str, most_vect
                 length: int | None = None) -> Iterator[tuple[int, int, int]]:
     """(vec, rows, columns) of the blocks a search measures first: at the widest vectors and at half that width
     (Zen 1 splits a 256-bit FMA in two, and its fastest GEMM blocks were 128-bit), the two best by `best_blocks`
-    among the register tiles the two split knobs offer; with the `length` the rows tile, at the widest vectors also
-    the two best whose rows divide it, which leave no tail, of enough accumulators to hide the FMA's latency on two
-    pipes (on a Zen 4, the best of those ran three of ResNet-18's 3 × 3 convolutions, with output rows of 14 and 7,
-    3-14% faster than the best of the others at 1 and 2 threads; the fourth, strided to rows of 14, 1-4% slower)."""
+    among the register tiles the two split knobs offer; with the `length` the rows tile, where both leave a tail of
+    it, at the widest vectors also the two best whose rows divide it, of enough accumulators to hide the FMA's
+    latency on two pipes (on a Zen 4, the best of those ran three of ResNet-18's 3 × 3 convolutions, with output
+    rows of 14 and 7, 3-14% faster than the best of the others at 1 and 2 threads; the fourth, strided to rows of
+    14, 1-4% slower)."""
     rows = sorted({split[-1] for split in space.knobs[rows_knob].candidates})
     columns = sorted({split[-1] for split in space.knobs[columns_knob].candidates})
     for half, vec in enumerate(sorted(space.knobs["vec"].candidates, reverse=True)[:2]):
         vectors = [c // vec for c in columns if c % vec == 0 and c // vec <= most_vectors]
-        whole = [r for r in rows if length is not None and not half and length % r == 0]
-        blocks = best_blocks(rows, vectors, registers) + best_blocks(whole, vectors, registers, chains=CHAINS)
-        for r, v in dict.fromkeys(blocks):
+        blocks = best_blocks(rows, vectors, registers)
+        if length is not None and not half and all(length % r for r, _ in blocks):
+            blocks += best_blocks([r for r in rows if length % r == 0], vectors, registers, chains=CHAINS)
+        for r, v in blocks:
             yield vec, r, v * vec
 
 
