@@ -208,6 +208,32 @@ def test_parallel_kernels_launch_through_openmp():
     assert workload.max_error(build(workload, target, config)(*inputs), workload.reference(*inputs)) <= 1
 
 
+FEWER_THREADS = """
+import numpy as np
+from search_space import Target, dense, fallback_config, get_space
+from workers import build
+workload, target = dense(300, 200, 64, bias=True), Target.parse("llvm -threads=3")
+config = get_space(workload, target).config(fallback_config(workload, target).to_dict() | {"parallel": "m"})
+inputs = workload.random_inputs()
+print(workload.max_error(build(workload, target, config)(*inputs), workload.reference(*inputs)))
+"""
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_parallel_kernel_given_fewer_threads_than_it_asks_for_still_computes_every_share(limit):
+    """A kernel built for three threads (five blocks of rows, seven panels of W) where libgomp runs one or two
+    (OMP_THREAD_LIMIT, read when it loads; a container's limit, or a call from within a parallel region): the
+    threads there share every block between them."""
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"OMP_THREAD_LIMIT": str(limit)}
+    run = subprocess.run([sys.executable, "-c", FEWER_THREADS], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert float(run.stdout) <= 1
+
+
 @pytest.mark.parametrize("epilogue", ["gelu", "gelu_erf"])
 def test_gelu_epilogues_match_their_definitions_across_the_range(epilogue):
     """x·1 + 0 over [-9, 9]: the fused epilogue against NumPy's (SciPy's erf for the exact form), closely."""
