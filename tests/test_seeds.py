@@ -62,10 +62,12 @@ def test_a_parallel_axis_is_cut_into_blocks_that_the_threads_split_evenly():
         assert fallback_config(workload, zen4())["tile_n"][1] == 8
 
 
-def test_the_reduction_block_keeps_a_and_b_in_half_of_l1():
-    assert reduction_block(6, 16, 4, (16, 32, 64, 128, 256, 768)) == 128  # 22 floats a step: 128 × 88 B ≤ 16 KiB
-    assert reduction_block(6, 64, 4, (16, 32, 64, 128)) == 32
-    assert reduction_block(64, 64, 4, (64, 128)) == 64  # none fits: the shortest
+def test_the_reduction_block_keeps_the_b_panel_in_l1():
+    assert reduction_block(16, 4, (16, 32, 64, 128, 256, 512, 768)) == 512  # 768 × 64 B would be 48 KiB
+    assert reduction_block(64, 4, (16, 32, 64, 128, 256)) == 128  # 128 × 256 B = 32 KiB
+    assert reduction_block(24, 4, (16, 32, 64, 128, 256, 512, 768)) == 256  # 341 would fit
+    assert reduction_block(64, 2, (32, 64, 128, 256, 512)) == 256  # bfloat16: twice the k
+    assert reduction_block(512, 4, (64, 128)) == 64  # none fits: the shortest
 
 
 # per target and op: (rows, vectors) of the seeds at the widest vectors, then at half that width; where both leave a

@@ -208,7 +208,7 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
 
 def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Config]:
     """What a search measures first where the op has not been searched on the target: the register blocks of
-    `seed_blocks`, k in blocks whose A rows and B panel fit half of L1, the rest as the fallback. A float32
+    `seed_blocks`, k in blocks whose B panel fits L1, the rest as the fallback. A float32
     batch_matmul's seeds read B in place: its B is an activation, packed again at every call, and unpacked the
     seed blocks of BERT's attention products ran 9-18% faster on an Intel AVX-512 host (the fallback, measured
     before them, packs it: the first batch has both). AMX's is the fallback's in 4 × 4 tiles."""
@@ -221,7 +221,7 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
     itemsize, k_blocks = ITEMSIZE[gemm_operands(workload)[0].dtype], [s[1] for s in space_.knobs["tile_k"].candidates]
     return [space_.nearest(balanced(base | {"vec": vec, "tile_m": (-1, BLOCK_TILES, mr),
                                             "tile_n": (-1, BLOCK_TILES, nr),
-                                            "tile_k": (-1, reduction_block(mr, nr, itemsize, k_blocks))},
+                                            "tile_k": (-1, reduction_block(nr, itemsize, k_blocks))},
                                     workload, target))
             for vec, mr, nr in seed_blocks(space_, "tile_m", "tile_n", MOST_VECTORS, target.vector_registers)]
 
