@@ -1,4 +1,8 @@
 """Every config of every space computes the right result, on awkward shapes too."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -209,7 +213,6 @@ def test_parallel_kernels_launch_through_openmp():
 
 
 FEWER_THREADS = """
-import numpy as np
 from search_space import Target, dense, fallback_config, get_space
 from workers import build
 workload, target = dense(300, 200, 64, bias=True), Target.parse("llvm -threads=3")
@@ -221,13 +224,9 @@ print(workload.max_error(build(workload, target, config)(*inputs), workload.refe
 
 @pytest.mark.parametrize("limit", [1, 2])
 def test_a_parallel_kernel_given_fewer_threads_than_it_asks_for_still_computes_every_share(limit):
-    """A kernel built for three threads (five blocks of rows, seven panels of W) where libgomp runs one or two
-    (OMP_THREAD_LIMIT, read when it loads; a container's limit, or a call from within a parallel region): the
+    """A kernel built for three threads (38 blocks of 8 rows, 7 panels of W to pack) where libgomp runs one or
+    two (OMP_THREAD_LIMIT, read when it loads; a container's limit, or a call from within a parallel region): the
     threads there share every block between them."""
-    import os
-    import subprocess
-    import sys
-
     env = os.environ | {"OMP_THREAD_LIMIT": str(limit)}
     run = subprocess.run([sys.executable, "-c", FEWER_THREADS], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

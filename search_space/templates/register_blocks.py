@@ -53,7 +53,7 @@ def reduction_block(columns: int, itemsize: int, choices: Iterable[int]) -> int:
     """The longest reduction block among `choices` whose panel of B, `columns` wide, fills no more than L1: the
     panel is what every row block of the inner loop reads again (A's rows are read once a panel). Blocks whose A
     rows and B panel both fit half of L1, as before, gave AVX-512's seeds (6 × 64) a k-block of 32, and those ran
-    6-15% slower than at 128 or more (dense 128×768×768 and matmul 512³, 1 and 2 threads, an Intel Xeon); AVX2's
+    5-13% slower than at 128 or more (dense 128×768×768 and matmul 512³, 1 and 2 threads, an Intel Xeon); AVX2's
     blocks ran within 2% at any k-block there. The shortest choice where none fits."""
     choices = sorted(choices)
     fitting = [k for k in choices if k * columns * itemsize <= L1_BYTES]
