@@ -5,7 +5,9 @@ four: in the model, each kernel call of the tensortune backend timed by the cloc
 memory, threads woken between PyTorch's operators; torch.profiler's events added up to 65 µs a call, twice a small
 kernel's time); alone, its kernel with the config the backend picks, weights bound; alone, the PyTorch operators
 eager runs for it (dense's bias and activation included), alternating with the kernel; and alone, oneDNN's packed
-linear or convolution, what Inductor's max-autotune with freezing runs for it where it picks oneDNN. Counted as
+linear or convolution, what Inductor's max-autotune with freezing runs for it where it picks oneDNN; and a float32
+dense beside MKL's packed GEMM, max-autotune's other choice for it where PyTorch has MKL (on an Intel Xeon it picked
+MKL's for BERT's float32 products over its C++ template, 0.50 ms against 1.19 for 128×768×768). Counted as
 often as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the
 kernels do not account for of tensortune's time in the model is the time outside them; eager's is estimated from
 its operators' times alone."""
@@ -22,6 +24,7 @@ from workers.reference import head_to_head, inference_call, int8_calls, torch_co
 
 # oneDNN's fused post-op (attribute, algorithm) for each epilogue
 ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}
+PACKED = {"onednn": "oneDNN packed µs", "mkl": "MKL packed µs"}  # the packed references, by key and column
 PREFIX = "tensortune "  # the backend's names of its kernel calls: this and the workload's key
 FORWARDS = 10  # forward passes whose kernel calls are timed
 
@@ -71,6 +74,21 @@ def onednn_packed(workload: Workload, inputs: list) -> Callable | None:
                                                                    unary, [], algorithm)
 
 
+def mkl_packed(workload: Workload, inputs: list) -> Callable | None:
+    """A float32 dense as max-autotune with freezing runs it where PyTorch has MKL: MKL's packed GEMM
+    (`torch.ops.mkl._mkl_linear`, the weight packed once for the batch size), then the epilogue as an operator of
+    its own, which Inductor fuses into what follows. None for other ops and dtypes, and a PyTorch without MKL."""
+    import torch
+
+    if workload.op != "dense" or workload.dtype != "float32" or not torch.backends.mkl.is_available():
+        return None
+    named = torch_operands(workload, inputs)
+    x, w, bias = named["X"], named["W"], named.get("bias")
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, x.shape[0])
+    activation = torch_epilogue(workload.p["epilogue"])
+    return lambda: activation(torch.ops.mkl._mkl_linear(x, packed, w, bias, x.shape[0]))
+
+
 def in_model_seconds(compiled, inputs: tuple) -> dict[str, float]:
     """Seconds per call of each tuned kernel (by workload key), the median over FORWARDS calls of the compiled
     model."""
@@ -85,7 +103,7 @@ def in_model_seconds(compiled, inputs: tuple) -> dict[str, float]:
 
 def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str) -> list[dict]:
     """Per task: µs per call in the model and alone, PyTorch's alone (and oneDNN's packed op's, for dense and
-    conv2d), and the ms per forward pass tensortune loses alone against PyTorch (negative: wins); the largest loss
+    conv2d; MKL's packed GEMM's, for a float32 dense), and the ms per forward pass tensortune loses alone against PyTorch (negative: wins); the largest loss
     first."""
     from frontend.shapes import Kernels
 
@@ -97,14 +115,14 @@ def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str
         inputs = task.workload.random_inputs()
         tuned, _ = inference_call(kernels.get(task.workload), inputs)
         calls = {"tensortune": tuned, "torch": torch_op(task.workload, inputs, target_.threads),
-                 "onednn": onednn_packed(task.workload, inputs)}
+                 "onednn": onednn_packed(task.workload, inputs), "mkl": mkl_packed(task.workload, inputs)}
         seconds = head_to_head({way: call for way, call in calls.items() if call is not None}, target_.threads,
                                rounds=3)
         key = task.workload.key
         rows.append({"workload": key, "weight": task.weight,
                      "in_model_us": round(in_model[key] * 1e6, 1) if key in in_model else None,
                      "tensortune_us": round(seconds["tensortune"] * 1e6, 1), "torch_us": round(seconds["torch"] * 1e6, 1),
-                     "onednn_us": round(seconds["onednn"] * 1e6, 1) if "onednn" in seconds else None,
+                     **{f"{way}_us": round(seconds[way] * 1e6, 1) if way in seconds else None for way in PACKED},
                      "loss_ms": round(task.weight * (seconds["tensortune"] - seconds["torch"]) * 1e3, 3)})
     return sorted(rows, key=lambda row: -row["loss_ms"])
 
@@ -122,14 +140,14 @@ def print_profile(row: dict) -> None:
     table = Table(title=f"{row['model']}{at}: each tuned op per call, in the model and alone beside PyTorch's "
                         f"operators for it (same run), the largest loss per forward pass first", title_justify="left")
     for column in ("weight", "workload", "in model µs", "alone µs", "PyTorch µs", "speedup alone", "loss ms/forward",
-                   "oneDNN packed µs"):
+                   *PACKED.values()):
         table.add_column(column)
     for op in row["profile"]:
-        in_model, onednn = (f"{op[key]:.1f}" if op.get(key) is not None else "-"
-                            for key in ("in_model_us", "onednn_us"))
+        in_model, *packed = (f"{op[key]:.1f}" if op.get(key) is not None else "-"
+                             for key in ("in_model_us", *(f"{way}_us" for way in PACKED)))
         table.add_row(str(op["weight"]), Workload.from_key(op["workload"]).label, in_model, f"{op['tensortune_us']:.1f}",
                       f"{op['torch_us']:.1f}", f"{op['torch_us'] / op['tensortune_us']:.2f}x", f"{op['loss_ms']:+.3f}",
-                      onednn)
+                      *packed)
     Console().print(table)
     print(f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms of {row['tensortune_ms']:.2f} "
           f"(its kernels as timed in the model), eager {row['outside_ms']['eager']:.2f} ms of {row['eager_ms']:.2f} "

@@ -12,9 +12,9 @@ import torch
 from typer.testing import CliRunner
 
 from bench.allocator import allocator
-from bench.profile import onednn_packed, print_profile, torch_op
+from bench.profile import mkl_packed, onednn_packed, print_profile, torch_op
 from db import Database
-from search_space import batch_matmul, conv2d, dense
+from search_space import batch_matmul, conv2d, dense, matmul
 from service.cli import app
 from workers.torch_arrays import numpy_array
 
@@ -313,14 +313,15 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
         assert op["weight"] == 1 and min(op["in_model_us"], op["tensortune_us"], op["torch_us"]) > 0
         assert op["loss_ms"] == pytest.approx((op["tensortune_us"] - op["torch_us"]) / 1e3, abs=2e-3)
         assert op["onednn_us"] > 0  # dense beside oneDNN's packed linear too, as max-autotune runs it
+        assert op["mkl_us"] > 0 if torch.backends.mkl.is_available() else op["mkl_us"] is None  # and MKL's GEMM
     in_model = sum(op["in_model_us"] for op in ops) / 1e3  # the kernels as profiled in the model
     assert row["outside_ms"]["tensortune"] == pytest.approx(row["tensortune_ms"] - in_model, abs=2e-3)
     assert row["outside_ms"]["eager"] == pytest.approx(row["eager_ms"] - sum(op["torch_us"] for op in ops) / 1e3,
                                                        abs=2e-3)
-    monkeypatch.setenv("COLUMNS", "160")
+    monkeypatch.setenv("COLUMNS", "200")  # a line a row, both packed columns beside
     print_profile(row)  # the table `bench model --profile` prints without --json
     table = capsys.readouterr().out
-    assert "dense M=4 N=32 K=16 bias=true epilogue=relu" in table
+    assert "dense M=4 N=32 K=16 bias=true epilogue=relu" in table and "MKL packed µs" in table
     assert f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms" in table
 
 
@@ -359,6 +360,25 @@ def test_an_nhwc_convolutions_pytorch_references_read_its_channels_last_activati
 def test_no_onednn_column_for_products_it_has_no_packed_op_for():
     for workload in (batch_matmul(2, 8, 8, 8), dense(4, 8, 16).in_dtype("int8")):
         assert onednn_packed(workload, workload.random_inputs()) is None
+
+
+@pytest.mark.parametrize("workload", [dense(5, 24, 16, bias=True, epilogue="gelu"), dense(3, 8, 16),
+                                      dense(7, 40, 33, bias=True, epilogue="gelu_erf")], ids=lambda w: w.key)
+def test_the_mkl_column_times_a_float32_dense_itself(workload):
+    """MKL's packed GEMM beside a float32 dense (max-autotune's other choice for it) computes the workload's
+    reference, bias and epilogue included; a PyTorch without MKL has no such column."""
+    inputs = workload.random_inputs()
+    call = mkl_packed(workload, inputs)
+    if not torch.backends.mkl.is_available():
+        assert call is None
+        return
+    assert workload.max_error(numpy_array(call()), workload.reference(*inputs)) <= 1
+
+
+def test_no_mkl_column_but_for_a_float32_dense():
+    for workload in (batch_matmul(2, 8, 8, 8), matmul(4, 8, 16), dense(4, 8, 16).in_dtype("bfloat16"),
+                     dense(4, 8, 16).in_dtype("int8"), conv2d(1, 8, 6, 6, 16, 3, 3, 1, 1)):
+        assert mkl_packed(workload, workload.random_inputs()) is None
 
 
 def test_the_allocator_is_the_preloaded_malloc_else_glibcs_with_its_settings():
