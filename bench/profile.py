@@ -103,8 +103,8 @@ def in_model_seconds(compiled, inputs: tuple) -> dict[str, float]:
 
 def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str) -> list[dict]:
     """Per task: µs per call in the model and alone, PyTorch's alone (and oneDNN's packed op's, for dense and
-    conv2d; MKL's packed GEMM's, for a float32 dense), and the ms per forward pass tensortune loses alone against PyTorch (negative: wins); the largest loss
-    first."""
+    conv2d; MKL's packed GEMM's, for a float32 dense), and the ms per forward pass tensortune loses alone against
+    PyTorch (negative: wins); the largest loss first."""
     from frontend.shapes import Kernels
 
     target_ = Target.parse(target)
