@@ -163,8 +163,9 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
                 max_autotune: bool = typer.Option(True, "--max-autotune/--no-max-autotune",
                                                   help="also Inductor max-autotune with freezing (minutes to compile)"),
                 profile: bool = typer.Option(False, "--profile", help="each tuned op's time beside PyTorch's for it "
-                                             "(and oneDNN's packed linear for dense), the largest loss first, and "
-                                             "the time outside the tuned ops"),
+                                             "(and oneDNN's packed op for dense and conv2d, MKL's packed GEMM for a "
+                                             "float32 dense), the largest loss first, and the time outside the tuned "
+                                             "ops"),
                 rounds: int = ROUNDS_OPTION):
     """Eager PyTorch, Inductor (default, and max-autotune with freezing) and tensortune on whole models, alternating
     in one run, with the max error; at each of --seq-lens, each way compiled once and called at every length. With
