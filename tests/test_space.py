@@ -63,6 +63,16 @@ def test_nearest_chooses_constrained_knobs_jointly_earlier_knobs_first():
     assert space.nearest({"a": 1, "b": 8, "c": "x"}).to_dict() == {"a": 1, "b": 8, "c": "x"}
 
 
+def test_nearest_reads_knobs_as_json_gives_them():
+    """A config's knobs as `to_dict` (and JSON) give them, lists for split tuples: the nearest config is itself, not
+    one whose splits were all as far from a list as could be."""
+    space = get_space(dense(128, 768, 768), HOST)
+    for index in random.Random(1).sample(range(space.size), 20):
+        config = space.get(index)
+        assert space.nearest(config.to_dict()) == config
+        assert space.nearest(json.loads(json.dumps(config.to_dict()))) == config
+
+
 def test_index_beyond_int64():
     knobs = [Knob(f"k{i}", "knob", tuple(range(10))) for i in range(25)]
     space = ConfigSpace(knobs)
