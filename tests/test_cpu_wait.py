@@ -1,7 +1,7 @@
-"""A job for a CPU model that no worker host has waits, queued and saying for which, rather than being measured on
-another CPU and stored under a model it never ran on: here with the service's local pool, whose one host is this
-machine (a service on a host of that model, sharing the database, may take the job); `tune` on local workers
-refuses it in one line."""
+"""A job for a CPU model that no worker host has (or for more threads than its cores) waits, queued and saying for
+which, rather than being measured on another CPU and stored under a model it never ran on: here with the service's
+local pool, whose one host is this machine (a service on a host of that model, sharing the database, may take the
+job); `tune` on local workers refuses it in one line."""
 import subprocess
 import sys
 
@@ -22,30 +22,43 @@ JOB = {"workload": {"op": "matmul", "params": {"M": 32, "N": 32, "K": 32}}, "tri
 def test_a_job_for_a_cpu_model_no_host_has_waits_while_one_for_this_host_runs(tmp_path):
     other_cpu = next(cpu for cpu in ("znver3", "icelake-server") if cpu != host_target().model)
     foreign = Target.parse(f"llvm -mcpu={other_cpu} -threads=1")
+    wide = Target.parse(f"llvm -threads={host_target().threads + 1}")  # this CPU, more threads than it has cores
     database = Database(f"sqlite:///{tmp_path}/wait.db")
     options = RunnerOptions(workers="local", poll_seconds=0.1, host_backoff=Backoff(first=0.2, most=0.5),
                             measure=MeasureOptions(repeat=2, min_repeat_ms=1.0))
     with TestClient(create_app(database, Runner(database, options))) as client:
         waiting = client.post("/api/jobs", json=JOB | {"target": str(foreign)}).json()["id"]
+        crowded = client.post("/api/jobs", json=JOB | {"target": str(wide)}).json()["id"]
         running = client.post("/api/jobs", json=JOB | {"target": "llvm -threads=1"}).json()["id"]
         seen = job_when(client, waiting, lambda job: job["waiting"] or job["status"] in ("done", "failed"),
                         "waiting, or ended")
+        seen_crowded = job_when(client, crowded, lambda job: job["waiting"] or job["status"] in ("done", "failed"),
+                                "waiting, or ended")
         done = job_in(client, running, ("done", "failed"))
         after = client.get(f"/api/jobs/{waiting}").json()
     assert (seen["status"], seen["waiting"]) == ("queued", f"a CPU worker ({other_cpu})")
+    assert (seen_crowded["status"], seen_crowded["waiting"]) == ("queued",
+                                                                 f"a CPU worker ({wide.model}, {wide.threads} cores)")
     assert (done["status"], done["trials_done"]) == ("done", 4)  # the waiting job holds up no other
     assert (after["status"], after["waiting"], after["trials_done"]) == ("queued", f"a CPU worker ({other_cpu})", 0)
-    assert database.job_records(waiting) == [] and database.best(WORKLOAD, foreign) == []
+    assert database.job_records(waiting) == database.job_records(crowded) == []
+    assert database.best(WORKLOAD, foreign) == database.best(WORKLOAD, wide) == []
 
 
-def test_tune_for_another_cpu_model_on_local_workers_is_one_line_and_stores_nothing(tmp_path):
-    """A local pool would time the other model's code on this CPU and store it under that model's name."""
-    other_cpu = next(cpu for cpu in ("znver3", "icelake-server") if cpu != host_target().model)
-    done = subprocess.run([sys.executable, "-m", "service", "tune", "matmul", "M=8", "N=8", "K=8", "--trials", "1",
-                           "--target", f"llvm -mcpu={other_cpu} -threads=1", "--db", str(tmp_path / "t.db")],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and done.stdout == "", done.stderr
-    assert done.stderr == (f"error: this host's CPU is {host_target().model}, not {other_cpu}; a llvm target is measured "
-                           f"on its own kind of CPU: run this on such a host, or with --workers pointing at a Ray "
-                           f"cluster that has one\n")
-    assert not (tmp_path / "t.db").exists()
+def test_tune_for_another_cpu_model_or_more_threads_than_cores_on_local_workers_is_one_line_and_stores_nothing(
+        tmp_path):
+    """A local pool would time the other model's code on this CPU and store it under that model's name, or a kernel
+    for more threads than this host has cores with its threads taking turns, stored as if each had a core."""
+    host = host_target()
+    other_cpu = next(cpu for cpu in ("znver3", "icelake-server") if cpu != host.model)
+    more = host.threads + 1
+    for target, problem in [(f"llvm -mcpu={other_cpu} -threads=1", f"this host's CPU is {host.model}, not {other_cpu}"),
+                            (f"llvm -threads={more}", f"this host has {host.threads} cores, not the {more} the target's "
+                                                      f"threads need")]:
+        done = subprocess.run([sys.executable, "-m", "service", "tune", "matmul", "M=8", "N=8", "K=8", "--trials", "1",
+                               "--target", target, "--db", str(tmp_path / "t.db")], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 1 and done.stdout == "", done.stderr
+        assert done.stderr == (f"error: {problem}; a llvm target is measured on its own kind of CPU: run this on "
+                               f"such a host, or with --workers pointing at a Ray cluster that has one\n")
+        assert not (tmp_path / "t.db").exists()

@@ -55,7 +55,8 @@ class NoWorkerHost(LookupError):
         """The host a job of the target waits for, e.g. 'a GPU worker (sm_90)'."""
         if self.target.kind == "cuda":
             return f"a GPU worker ({', '.join(part for part in (self.target.arch, self.target.model) if part)})"
-        return f"a CPU worker ({self.target.model})"
+        cores = f", {self.target.threads} cores" if self.target.threads > 1 else ""
+        return f"a CPU worker ({self.target.model}{cores})"
 
 
 class Pool(Protocol):

@@ -106,9 +106,19 @@ def with_wait(reply: Built | MeasureResult, waited: float, locked: bool, setup: 
 
 def local_cpu_problem(target: Target) -> str:
     """Why this host cannot time code for `target`'s CPU ("" when it can): another model's code would be timed on
-    this one and stored under that model's name."""
-    model = host_target().model
-    return f"this host's CPU is {model}, not {target.model}" if target.kind == "llvm" and target.model != model else ""
+    this one and stored under that model's name, and a kernel for more threads than the host has cores would be
+    timed with its threads taking turns and stored as if each had a core."""
+    host = host_target()
+    return cpu_problem(target, host.model, host.threads) if target.kind == "llvm" else ""
+
+
+def cpu_problem(target: Target, model: str, cores: int) -> str:
+    """Why a host of CPU `model` with `cores` cannot time code for the llvm `target` ("" when it can)."""
+    if target.model != model:
+        return f"this host's CPU is {model}, not {target.model}"
+    if target.threads > cores:
+        return f"this host has {cores} cores, not the {target.threads} the target's threads need"
+    return ""
 
 
 class Worker:
@@ -192,11 +202,12 @@ class LocalPool:
         return batch.results
 
     def require_host(self, target: Target) -> None:
-        """This host is the pool's only one, and no other joins: a CPU model other than its own raises NoWorkerHost
-        (the job waits for a service on such a host to take it); a GPU it lacks is refused before a job is made
-        (service/api.py, `tensortune tune`), or fails its candidates saying why."""
+        """This host is the pool's only one, and no other joins: a CPU model other than its own, or more threads than
+        its cores, raises NoWorkerHost (the job waits for a service on such a host to take it); a GPU it lacks is
+        refused before a job is made (service/api.py, `tensortune tune`), or fails its candidates saying why."""
         if local_cpu_problem(target):
-            raise NoWorkerHost(target, f"llvm {host_target().model} (this one)", pool="local")
+            host = host_target()
+            raise NoWorkerHost(target, f"llvm {host.model}, {host.threads} cores (this one)", pool="local")
 
     def _wave(self, batch: Batch, slots: dict, options: MeasureOptions) -> None:
         """Build one candidate per worker in parallel, then run them (one at a time if exclusive)."""

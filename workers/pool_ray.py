@@ -1,8 +1,8 @@
 """The Ray pool: one agent actor per host of a Ray cluster, each running a local pool on its host.
 
 Hosts advertise what they are through Ray resources: every node with a CPU gets a CPU agent,
-which reports its CPU model, and `llvm` candidates go only to agents of the candidate's CPU
-model; a node with the GPU resource (`num_gpus=1`, or a named resource in tests) gets a GPU
+which reports its CPU model and cores, and `llvm` candidates go only to agents of the candidate's CPU
+model with a core for each of its threads; a node with the GPU resource (`num_gpus=1`, or a named resource in tests) gets a GPU
 agent, which reports its GPU's name and architecture as CuPy sees them, and `cuda` candidates
 go only to agents of the candidate's architecture (and device, when the target names one). A batch that
 holds a candidate no agent serves raises NoWorkerHost: the job waits for such a node to join, which the pool
@@ -28,7 +28,7 @@ from search_space import Target, host_target
 from search_space.gpu_device import NoGpu, host_gpu
 
 from .pool import NoWorkerHost, PoolOptions, RayPoolOptions
-from .pool_local import LocalPool
+from .pool_local import LocalPool, cpu_problem
 from .result import MeasureResult, Outcome
 from .task import MeasureOptions, Task, failed
 
@@ -47,15 +47,17 @@ class HostAgent:
         self.pool = LocalPool(replace(options, workers=workers))
         self.lock = threading.Lock()
 
-    def describe(self) -> tuple[str, str, int, str]:
-        """(node, model, pid, arch): the CPU model, or the GPU's name and architecture ("" where CuPy sees none)."""
+    def describe(self) -> tuple[str, str, int, str, int]:
+        """(node, model, pid, arch, cores): the CPU model and the cores this process may use (not the node's `CPU`
+        resource, a scheduling count), or the GPU's name and architecture ("" where CuPy sees none)."""
         if self.kind == "llvm":
-            return self.node, host_target().model, os.getpid(), ""
+            host = host_target()
+            return self.node, host.model, os.getpid(), "", host.threads
         try:
             gpu = host_gpu()
         except NoGpu:
-            return self.node, "", os.getpid(), ""
-        return self.node, gpu.name, os.getpid(), gpu.arch
+            return self.node, "", os.getpid(), "", 0
+        return self.node, gpu.name, os.getpid(), gpu.arch, 0
 
     def measure(self, tasks: Sequence[Task], options: MeasureOptions) -> list[MeasureResult]:
         with self.lock:
@@ -70,13 +72,21 @@ class Agent:
     model: str
     node: str
     arch: str = ""  # cuda: the GPU's sm_XY
+    cores: int = 0  # llvm: the cores its host's kernels may run on
 
     def serves(self, target: Target) -> bool:
         if target.kind != self.kind:
             return False
         if target.kind == "cuda":
             return bool(self.arch) and self.arch == target.arch and (not target.model or target.model == self.model)
-        return self.model == target.model
+        return not cpu_problem(target, self.model, self.cores)
+
+    @property
+    def label(self) -> str:
+        """How a NoWorkerHost's list of hosts names it: `llvm znver4, 2 cores`, `cuda NVIDIA H100 sm_90`."""
+        if self.kind == "llvm":
+            return f"llvm {self.model}, {self.cores} cores"
+        return f"cuda {self.model or '(no GPU seen)'} {self.arch}".rstrip()
 
 
 class RayPool:
@@ -114,7 +124,8 @@ class RayPool:
                 gpu = {"num_gpus": 1} if self.options.gpu_resource == "GPU" else {"resources": {self.options.gpu_resource: 1}}
                 started.append(("cuda", remote.options(num_cpus=0, **gpu, **placement).remote(self.options, 1, "cuda")))
         described = ray.get([handle.describe.remote() for _, handle in started], timeout=self.options.start_timeout)
-        return [Agent(handle, kind, model, node, arch) for (kind, handle), (node, model, _, arch) in zip(started, described)]
+        return [Agent(handle, kind, model, node, arch, cores)
+                for (kind, handle), (node, model, _, arch, cores) in zip(started, described)]
 
     @property
     def pids(self) -> list[int]:
@@ -128,8 +139,7 @@ class RayPool:
     def _serving(self, target: Target) -> list[Agent]:
         found = [a for a in self.agents if a.serves(target)]
         if not found:
-            raise NoWorkerHost(target, ", ".join(f"{a.kind} {a.model or '(no GPU seen)'} {a.arch}".rstrip()
-                                                 for a in self.agents) or "none")
+            raise NoWorkerHost(target, ", ".join(a.label for a in self.agents) or "none")
         return found
 
     def require_host(self, target: Target) -> None:
