@@ -10,8 +10,8 @@ from rich.table import Table
 from search_space import Workload
 from workers.torch_arrays import FLOATING
 
-from .cli_args import (DB_OPTION, TARGET_OPTION, WORKERS_HELP, check_workers, console, fail, open_database, parse_target,
-                       writing_to)
+from .cli_args import (DB_OPTION, TARGET_OPTION, WORKERS_HELP, check_local_host, check_workers, console, fail,
+                       open_database, parse_target, writing_to)
 
 MODEL_HELP = ("a preset (bert-layer, bert-base, resnet18, hf-bert-base, hf-gpt2) or path/to/file.py:function returning "
               "(model, example_inputs)")
@@ -112,6 +112,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
     from .runner import make_measurer
 
     target_, database = parse_target(target), open_database(db)  # a bad --db fails before seconds of tracing
+    check_local_host(target_, workers)
     net, inputs_at = in_dtype(*load(model, lengths, channels_last), dtype)
     try:
         tasks = extract_tasks_at(net, inputs_at.values(), training)

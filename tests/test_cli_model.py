@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from bench.allocator import allocator
 from bench.profile import mkl_packed, onednn_packed, print_profile, torch_op
 from db import Database
-from search_space import batch_matmul, conv2d, dense, matmul
+from search_space import batch_matmul, conv2d, dense, host_target, matmul
 from service.cli import app
 from workers.torch_arrays import numpy_array
 
@@ -226,7 +226,14 @@ def test_models_that_cannot_be_tuned_are_refused_in_one_line(tmp_path, monkeypat
     assert no_rounds.exit_code == 2 and "--rounds" in no_rounds.stderr
     no_closing_rounds = refused("tune-model", "models.py:tiny", "--rounds", "0", cwd=tmp_path, monkeypatch=monkeypatch)
     assert no_closing_rounds.exit_code == 2 and "--rounds" in no_closing_rounds.stderr
-    for each in (nothing, unknown, missing, no_rounds, no_closing_rounds):
+    other_cpu = next(cpu for cpu in ("znver3", "icelake-server") if cpu != host_target().model)
+    foreign = refused("tune-model", "models.py:tiny", "--target", f"llvm -mcpu={other_cpu} -threads=1", "--db",
+                      f"sqlite:///{tmp_path}/f.db", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert foreign.exit_code == 1 and f"this host's CPU is {host_target().model}, not {other_cpu}" in foreign.stderr
+    crowded = refused("tune-model", "models.py:tiny", "--target", f"llvm -threads={host_target().threads + 1}",
+                      "--db", f"sqlite:///{tmp_path}/c.db", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert crowded.exit_code == 1 and f"this host has {host_target().threads} cores" in crowded.stderr
+    for each in (nothing, unknown, missing, no_rounds, no_closing_rounds, foreign, crowded):
         assert each.exception is None or isinstance(each.exception, SystemExit), each.exception
 
 
