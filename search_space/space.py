@@ -174,7 +174,7 @@ class ConfigSpace:
 
     def nearest(self, wanted: dict, distance: Callable[[object, object], tuple] | None = None) -> Config:
         """The valid config closest to `wanted` (by `knob_distance` unless told); constrained knobs are chosen
-        jointly, earlier knobs first. Knobs may come as JSON gives them, lists for tuples, as `index_of`'s do."""
+        jointly, earlier knobs first. Knobs may come as JSON gives them (lists for tuples), as `index_of` takes them."""
         distance, wanted = distance or knob_distance, {name: _freeze(value) for name, value in wanted.items()}
         index, scale = 0, 1
         for digit, position in zip(self._digits, self._position):

@@ -19,7 +19,7 @@ WORKLOAD = matmul(32, 32, 32)
 JOB = {"workload": {"op": "matmul", "params": {"M": 32, "N": 32, "K": 32}}, "trials": 4, "tuner": "random"}
 
 
-def test_a_job_for_a_cpu_model_no_host_has_waits_while_one_for_this_host_runs(tmp_path):
+def test_a_job_for_a_cpu_model_or_more_cores_than_the_host_has_waits_while_one_for_this_host_runs(tmp_path):
     other_cpu = next(cpu for cpu in ("znver3", "icelake-server") if cpu != host_target().model)
     foreign = Target.parse(f"llvm -mcpu={other_cpu} -threads=1")
     wide = Target.parse(f"llvm -threads={host_target().threads + 1}")  # this CPU, more threads than it has cores
