@@ -53,8 +53,8 @@ def test_tune_for_another_cpu_model_or_more_threads_than_cores_on_local_workers_
     other_cpu = next(cpu for cpu in ("znver3", "icelake-server") if cpu != host.model)
     more = host.threads + 1
     for target, problem in [(f"llvm -mcpu={other_cpu} -threads=1", f"this host's CPU is {host.model}, not {other_cpu}"),
-                            (f"llvm -threads={more}", f"this host has {host.threads} cores, not the {more} the target's "
-                                                      f"threads need")]:
+                            (f"llvm -threads={more}",
+                             f"this host has {host.threads} cores, not the {more} the target's threads need")]:
         done = subprocess.run([sys.executable, "-m", "service", "tune", "matmul", "M=8", "N=8", "K=8", "--trials", "1",
                                "--target", target, "--db", str(tmp_path / "t.db")], capture_output=True, text=True,
                               timeout=120)

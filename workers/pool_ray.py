@@ -1,10 +1,11 @@
 """The Ray pool: one agent actor per host of a Ray cluster, each running a local pool on its host.
 
 Hosts advertise what they are through Ray resources: every node with a CPU gets a CPU agent,
-which reports its CPU model and cores, and `llvm` candidates go only to agents of the candidate's CPU
-model with a core for each of its threads; a node with the GPU resource (`num_gpus=1`, or a named resource in tests) gets a GPU
-agent, which reports its GPU's name and architecture as CuPy sees them, and `cuda` candidates
-go only to agents of the candidate's architecture (and device, when the target names one). A batch that
+which reports its CPU model and cores, and `llvm` candidates go only to agents of the candidate's
+CPU model with a core for each of its threads; a node with the GPU resource (`num_gpus=1`, or a
+named resource in tests) gets a GPU agent, which reports its GPU's name and architecture as CuPy
+sees them, and `cuda` candidates go only to agents of the candidate's architecture (and device,
+when the target names one). A batch that
 holds a candidate no agent serves raises NoWorkerHost: the job waits for such a node to join, which the pool
 sees at its next batch or `require_host`. Agents restart on failure (`max_restarts`); the candidates of a
 lost agent are retried once on another agent of their kind, then recorded `worker_lost`. A
