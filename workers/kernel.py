@@ -85,6 +85,11 @@ class Kernel:
             if stage.name not in skip:
                 function(*pointers)
 
+    def check(self, *inputs: np.ndarray, out: np.ndarray) -> None:
+        """Raise the KernelArgumentError a call with these arrays would, running nothing: a caller that checks
+        once may then call `address_call` on their addresses."""
+        self._arrays(inputs, out, {})
+
     def __call__(self, *inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         arrays = self._arrays(inputs, out, {})
         with self._lock:
@@ -133,6 +138,10 @@ class BoundKernel:
         placeholders[kernel.output.name] = np.empty(0, kernel.output.dtype)
         kernel._run(arrays | placeholders, skip={s.name for s, _ in kernel._stages} - self._hoisted)
         self._lock = threading.Lock()
+
+    def check(self, *inputs: np.ndarray, out: np.ndarray) -> None:
+        """Kernel.check for the unbound inputs."""
+        self.kernel._arrays(inputs, out, self.bound)
 
     def __call__(self, *inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         arrays = self.kernel._arrays(inputs, out, self.bound)
