@@ -154,13 +154,16 @@ def test_row_blocks_sharing_a_panel_each_prefetch_a_share_of_the_next(threads):
     """`prefetch` "shared" (the fallback's): the micro-kernel of row block s0 of the M/mr that read a packed panel
     prefetches the s0-th share of the bytes after its rows, spread over its k steps: 128×3072×768 in 2 × 2 tiles is
     four row blocks over 384 k groups of 32 columns (48 KB), a share of 192 lines, 8 a step of 24; never in a vector
-    family."""
+    family. The fallback runs a panel's four row blocks one after another (the innermost loop), so the next panel's
+    four shares are fetched while it is read."""
     target = sapphire("amx-tile", "amx-bf16", "amx-int8", threads=threads)
     workload = dense(128, 3072, 768, dtype="bfloat16")
     space = get_space(workload, target)
     config = fallback_config(workload, target)
     program = lower(workload, target, config)
     assert config["prefetch"] == "shared" and "prefetch share s0 of 4 of what follows" in format_program(program)
+    assert (config["tile_m"], config["tile_n"][1:]) == ((-1, 4, 32), (1, 32))
+    assert re.search(r"for mi in range\(4\):\n +micro_kernel", format_program(program))
     assert generated_assembly(program, target).count("prefetcht1") == 8 and "prefetcht1" not in generated_assembly(
         lower(workload, target, space.config(config.to_dict() | {"prefetch": 0})), target)
     assert all(config["prefetch"] != "shared" for config in configs_using(workload, target, "avx512bf16", count=12))

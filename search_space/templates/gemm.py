@@ -180,12 +180,15 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     eight broadcasts and one load per eight multiply-adds), B packed, k-blocks of 256, the larger of M and N split
     across threads in blocks they share evenly (`balanced`).
     AMX's is 2 × 2 tiles through the whole k (dense 128×768×3072 bfloat16, 1 thread, on an Intel AMX host: 802
-    GFLOPS against 621 in k-blocks of 512), each row block prefetching its share of the next panel (SHARED): with
-    their weights from memory, as in a model (rotated through copies), BERT-base's four 128-row dense shapes, on 1
-    thread and 2, ran 6-17% faster so than prefetching nothing in every shape in one run, and in three runs from 11%
-    slower to 17% faster (19 of the 24 faster; an Intel AMX host, alternate rounds, its speed halving in some
-    minutes); 16 k steps ahead, from 14% slower to 115% faster than nothing; 4 × 4 tiles (a seed: hot, those ran
-    10-21% faster on two of the three, 8-10% slower on K = 3072) mostly slower with their weights from memory. The
+    GFLOPS against 621 in k-blocks of 512), the row blocks of a panel (up to BLOCK_TILES) one after another, so that
+    the next panel's shares are all fetched while it is read (BERT-base's four dense shapes, weights rotated, an
+    Intel AMX host, two runs: 2 threads 1-13% faster than blocks of two row blocks and two panels in 7 of 8, 1
+    thread from 1% slower to 5% faster, one outlier aside), each row block prefetching its share of the next panel
+    (SHARED): with their weights from memory, as in a model (rotated through copies), BERT-base's four 128-row dense
+    shapes, on 1 thread and 2, ran 6-17% faster so than prefetching nothing in every shape in one run, and in three
+    runs from 11% slower to 17% faster (19 of the 24 faster; an Intel AMX host, alternate rounds, its speed halving
+    in some minutes); 16 k steps ahead, from 14% slower to 115% faster than nothing; 4 × 4 tiles (a seed: hot, those
+    ran 10-21% faster on two of the three, 8-10% slower on K = 3072) mostly slower with their weights from memory. The
     vector families' dense prefetches 32 k steps on (BERT-base's four dense shapes at 32 rows, their weights rotated,
     2 threads on a Zen 5: 13-28% faster than not at all; 16 steps ahead ranged from 11% slower to 22% faster)."""
     batch, m, n, k = _dims(workload)
@@ -200,9 +203,10 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     }, workload, target)
     if "isa" in space_.knobs:
         want["isa"] = space_.knobs["isa"].candidates[-1]
-        if want["isa"] in AMX:  # 2 × 2 tiles of C through the whole k: every k-block stores and reloads them
-            want |= {"tile_m": (-1, 2, 2 * TILE), "tile_n": (-1, 2, 2 * TILE), "tile_k": (-1, k), "unroll_k": 1,
-                     "prefetch": SHARED}
+        if want["isa"] in AMX:  # 2 × 2 tiles of C through the whole k, a panel's row blocks one after another
+            row_blocks = min(BLOCK_TILES, -(-m // (2 * TILE)))
+            want |= {"tile_m": (-1, row_blocks, 2 * TILE), "tile_n": (-1, 1, 2 * TILE), "tile_k": (-1, k),
+                     "unroll_k": 1, "prefetch": SHARED}
     return space_.nearest(want)
 
 
