@@ -182,13 +182,14 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     AMX's is 2 × 2 tiles through the whole k (dense 128×768×3072 bfloat16, 1 thread, on an Intel AMX host: 802
     GFLOPS against 621 in k-blocks of 512), the row blocks of a panel (up to BLOCK_TILES) one after another, so that
     the next panel's shares are all fetched while it is read (BERT-base's four dense shapes, weights rotated, an
-    Intel AMX host, two runs: 2 threads 1-13% faster than blocks of two row blocks and two panels in 7 of 8, 1
-    thread from 1% slower to 5% faster, one outlier aside), each row block prefetching its share of the next panel
-    (SHARED): with their weights from memory, as in a model (rotated through copies), BERT-base's four 128-row dense
-    shapes, on 1 thread and 2, ran 6-17% faster so than prefetching nothing in every shape in one run, and in three
-    runs from 11% slower to 17% faster (19 of the 24 faster; an Intel AMX host, alternate rounds, its speed halving
-    in some minutes); 16 k steps ahead, from 14% slower to 115% faster than nothing; 4 × 4 tiles (a seed: hot, those
-    ran 10-21% faster on two of the three, 8-10% slower on K = 3072) mostly slower with their weights from memory. The
+    Intel AMX host, two runs: at 2 threads 4-13% faster than blocks of two row blocks and two panels in 7 of 8, 1%
+    slower in the eighth; at 1 thread from 1% slower to 5% faster in 7, 40% slower in one reading), each row block
+    prefetching its share of the next panel (SHARED): with their weights from memory, as in a model (rotated through
+    copies), BERT-base's four 128-row dense shapes, on 1 thread and 2, ran 6-17% faster so than prefetching nothing
+    in every shape in one run, and in three runs from 11% slower to 17% faster (19 of the 24 faster; an Intel AMX
+    host, alternate rounds, its speed halving in some minutes); 16 k steps ahead, from 14% slower to 115% faster
+    than nothing; 4 × 4 tiles (a seed: hot, those ran 10-21% faster on two of the three, 8-10% slower on K = 3072)
+    mostly slower with their weights from memory. The
     vector families' dense prefetches 32 k steps on (BERT-base's four dense shapes at 32 rows, their weights rotated,
     2 threads on a Zen 5: 13-28% faster than not at all; 16 steps ahead ranged from 11% slower to 22% faster)."""
     batch, m, n, k = _dims(workload)
