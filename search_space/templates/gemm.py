@@ -181,9 +181,9 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     across threads in blocks they share evenly (`balanced`).
     AMX's is 2 × 2 tiles through the whole k (dense 128×768×3072 bfloat16, 1 thread, on an Intel AMX host: 802
     GFLOPS against 621 in k-blocks of 512), the row blocks of a panel (up to BLOCK_TILES) one after another, so that
-    the next panel's shares are all fetched while it is read (BERT-base's four dense shapes, weights rotated, an
-    Intel AMX host, two runs: at 2 threads 4-13% faster than blocks of two row blocks and two panels in 7 of 8, 1%
-    slower in the eighth; at 1 thread from 1% slower to 5% faster in 7, 40% slower in one reading), each row block
+    the next panel's shares are all fetched while it is read (BERT-base's dense shapes, weights rotated, an Intel
+    AMX host: bf16 at 2 threads 4-13% faster than blocks of two row blocks and two panels in 7 of 8 shapes and runs,
+    1% slower in the eighth, at 1 thread from 1% slower to 6% faster; int8 1-16% faster in all six), each row block
     prefetching its share of the next panel (SHARED): with their weights from memory, as in a model (rotated through
     copies), BERT-base's four 128-row dense shapes, on 1 thread and 2, ran 6-17% faster so than prefetching nothing
     in every shape in one run, and in three runs from 11% slower to 17% faster (19 of the 24 faster; an Intel AMX
