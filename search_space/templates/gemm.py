@@ -189,9 +189,9 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     in every shape in one run, and in three runs from 11% slower to 17% faster (19 of the 24 faster; an Intel AMX
     host, alternate rounds, its speed halving in some minutes); 16 k steps ahead, from 14% slower to 115% faster
     than nothing; 4 × 4 tiles (a seed: hot, those ran 10-21% faster on two of the three, 8-10% slower on K = 3072)
-    mostly slower with their weights from memory. The
-    vector families' dense prefetches 32 k steps on (BERT-base's four dense shapes at 32 rows, their weights rotated,
-    2 threads on a Zen 5: 13-28% faster than not at all; 16 steps ahead ranged from 11% slower to 22% faster)."""
+    mostly slower with their weights from memory. The vector families' dense prefetches 32 k steps on (BERT-base's
+    four dense shapes at 32 rows, their weights rotated, 2 threads on a Zen 5: 13-28% faster than not at all; 16
+    steps ahead ranged from 11% slower to 22% faster)."""
     batch, m, n, k = _dims(workload)
     vec, registers = max(space_.knobs["vec"].candidates), target.vector_registers
     rows, vectors = (8, 2) if fills(8, 2, registers) else \
