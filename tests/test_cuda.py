@@ -210,6 +210,22 @@ def test_kernels_on_the_gpu_match_numpy(workload):
 
 
 @needs_gpu
+def test_a_cuda_kernels_inference_calls_compute_the_reference():
+    """`bench predict` times a GPU target's configs through `inference_calls` too: a GPU kernel has no addresses to
+    be called by, so its calls are its own (NumPy in, NumPy out), each on a copy of the weights."""
+    from workers.reference import inference_calls
+
+    workload, target = dense(64, 256, 128, bias=True), Target.parse("cuda")
+    inputs = workload.random_inputs()
+    calls, out = inference_calls(build(workload, target, fallback_config(workload, target)), inputs, 3 * 256 * 129 * 4)
+    assert len(calls) == 3
+    for call in calls:
+        out[...] = 0
+        call()
+        assert workload.max_error(out, workload.reference(*inputs)) <= 1
+
+
+@needs_gpu
 def test_a_cuda_candidate_is_measured_on_the_gpu():
     from workers import MeasureInput, MeasureOptions, measure
 

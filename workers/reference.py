@@ -38,6 +38,8 @@ def inference_calls(kernel: Kernel, inputs, weight_bytes: int = 0) -> tuple[list
         bound = [kernel.bind(**(weights if copy == 0 else {name: a.copy() for name, a in weights.items()}))
                  for copy in range(copies)]
     activations = [array for name, array in named.items() if name not in weights]
+    if not isinstance(kernel, Kernel):  # a GPU kernel: its call copies the arrays there and back, by no address
+        return [lambda b=b: b(*activations, out=out) for b in bound], out
     bound[0].check(*activations, out=out)
     addresses = [array.ctypes.data for array in activations + [out]]
     return [lambda call=b.address_call(), _keepalive=(activations, out): call(*addresses) for b in bound], out
