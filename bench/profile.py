@@ -10,7 +10,8 @@ dense beside MKL's packed GEMM, max-autotune's other choice for it where PyTorch
 MKL's for BERT's float32 products over its C++ template, 0.50 ms against 1.19 for 128×768×768). Counted as
 often as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the
 kernels do not account for of tensortune's time in the model is the time outside them; eager's is estimated from
-its operators' times alone."""
+its operators' times alone. Part of tensortune's is its own: the backend's Python work before each kernel call
+(the glue column), which in a model finds the caches cold that the kernel before it filled with its weights."""
 from __future__ import annotations
 
 from typing import Callable
@@ -89,22 +90,23 @@ def mkl_packed(workload: Workload, inputs: list) -> Callable | None:
     return lambda: activation(torch.ops.mkl._mkl_linear(x, packed, w, bias, x.shape[0]))
 
 
-def in_model_seconds(compiled, inputs: tuple) -> dict[str, float]:
-    """Seconds per call of each tuned kernel (by workload key), the median over FORWARDS calls of the compiled
-    model."""
+def in_model_seconds(compiled, inputs: tuple) -> dict[str, dict[str, float]]:
+    """Seconds per call of each tuned kernel (by workload key), and of the backend's Python work before it, each
+    the median over FORWARDS calls of the compiled model: {"kernel": {key: s}, "glue": {key: s}}."""
     from frontend.backend import kernel_clock
 
     compiled(*inputs)  # compiled and warm before the clock
     with kernel_clock() as seconds:
         for _ in range(FORWARDS):
             compiled(*inputs)
-    return {name[len(PREFIX):]: float(np.median(values)) for name, values in seconds.items()}
+    median = lambda timed: {name[len(PREFIX):]: float(np.median(values)) for name, values in timed.items()}
+    return {"kernel": median(seconds), "glue": median(seconds.glue)}
 
 
-def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str) -> list[dict]:
-    """Per task: µs per call in the model and alone, PyTorch's alone (and oneDNN's packed op's, for dense and
-    conv2d; MKL's packed GEMM's, for a float32 dense), and the ms per forward pass tensortune loses alone against
-    PyTorch (negative: wins); the largest loss first."""
+def profile_tasks(tasks, in_model: dict[str, dict[str, float]], db: str | None, target: str) -> list[dict]:
+    """Per task: µs per call in the model (its kernel, and the backend's Python work before it) and alone, PyTorch's
+    alone (and oneDNN's packed op's, for dense and conv2d; MKL's packed GEMM's, for a float32 dense), and the ms per
+    forward pass tensortune loses alone against PyTorch (negative: wins); the largest loss first."""
     from frontend.shapes import Kernels
 
     target_ = Target.parse(target)
@@ -120,7 +122,8 @@ def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str
                                rounds=3)
         key = task.workload.key
         rows.append({"workload": key, "weight": task.weight,
-                     "in_model_us": round(in_model[key] * 1e6, 1) if key in in_model else None,
+                     **{f"{part}_us": round(in_model[way][key] * 1e6, 1) if key in in_model[way] else None
+                        for part, way in (("in_model", "kernel"), ("glue", "glue"))},
                      "tensortune_us": round(seconds["tensortune"] * 1e6, 1), "torch_us": round(seconds["torch"] * 1e6, 1),
                      **{f"{way}_us": round(seconds[way] * 1e6, 1) if way in seconds else None for way in PACKED},
                      "loss_ms": round(task.weight * (seconds["tensortune"] - seconds["torch"]) * 1e3, 3)})
@@ -128,27 +131,30 @@ def profile_tasks(tasks, in_model: dict[str, float], db: str | None, target: str
 
 
 def outside(model_row: dict, ops: list[dict]) -> dict:
-    """Each way's model time not spent in the tuned ops, in ms: tensortune's from its kernels' times in the model,
-    eager's from its operators' times alone."""
-    kernels = sum(op["weight"] * (op["in_model_us"] or 0.0) for op in ops) / 1e3
+    """Each way's model time not spent in the tuned ops, in ms: tensortune's from its kernels' times in the model
+    (and of it, the backend's Python work before each kernel: "tensortune_glue"), eager's from its operators'
+    times alone."""
+    per_forward = lambda key: sum(op["weight"] * (op[key] or 0.0) for op in ops) / 1e3
     operators = sum(op["weight"] * op["torch_us"] for op in ops) / 1e3
-    return {"tensortune": round(model_row["tensortune_ms"] - kernels, 3), "eager": round(model_row["eager_ms"] - operators, 3)}
+    return {"tensortune": round(model_row["tensortune_ms"] - per_forward("in_model_us"), 3),
+            "tensortune_glue": round(per_forward("glue_us"), 3), "eager": round(model_row["eager_ms"] - operators, 3)}
 
 
 def print_profile(row: dict) -> None:
     at = f" at sequence length {row['seq_len']}" if row["seq_len"] else ""
     table = Table(title=f"{row['model']}{at}: each tuned op per call, in the model and alone beside PyTorch's "
                         f"operators for it (same run), the largest loss per forward pass first", title_justify="left")
-    for column in ("weight", "workload", "in model µs", "alone µs", "PyTorch µs", "speedup alone", "loss ms/forward",
-                   *PACKED.values()):
+    for column in ("weight", "workload", "in model µs", "glue µs", "alone µs", "PyTorch µs", "speedup alone",
+                   "loss ms/forward", *PACKED.values()):
         table.add_column(column)
     for op in row["profile"]:
-        in_model, *packed = (f"{op[key]:.1f}" if op.get(key) is not None else "-"
-                             for key in ("in_model_us", *(f"{way}_us" for way in PACKED)))
-        table.add_row(str(op["weight"]), Workload.from_key(op["workload"]).label, in_model, f"{op['tensortune_us']:.1f}",
-                      f"{op['torch_us']:.1f}", f"{op['torch_us'] / op['tensortune_us']:.2f}x", f"{op['loss_ms']:+.3f}",
-                      *packed)
+        in_model, glue, *packed = (f"{op[key]:.1f}" if op.get(key) is not None else "-"
+                                   for key in ("in_model_us", "glue_us", *(f"{way}_us" for way in PACKED)))
+        table.add_row(str(op["weight"]), Workload.from_key(op["workload"]).label, in_model, glue,
+                      f"{op['tensortune_us']:.1f}", f"{op['torch_us']:.1f}",
+                      f"{op['torch_us'] / op['tensortune_us']:.2f}x", f"{op['loss_ms']:+.3f}", *packed)
     Console().print(table)
     print(f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms of {row['tensortune_ms']:.2f} "
-          f"(its kernels as timed in the model), eager {row['outside_ms']['eager']:.2f} ms of {row['eager_ms']:.2f} "
-          "(its operators as timed alone)")
+          f"(its kernels as timed in the model; of it {row['outside_ms']['tensortune_glue']:.2f} ms the backend's "
+          f"Python work before each kernel, the glue column), eager {row['outside_ms']['eager']:.2f} ms of "
+          f"{row['eager_ms']:.2f} (its operators as timed alone)")

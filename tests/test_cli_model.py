@@ -304,8 +304,9 @@ def test_bench_model_times_every_way_at_every_length(tmp_path):
 
 
 def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_outside(tmp_path, monkeypatch, capsys):
-    """Tiny's two tasks, each per call in the model and alone beside PyTorch's and oneDNN's, sorted by loss; what
-    they leave of each way's model time is outside them; the table says the same."""
+    """Tiny's two tasks, each per call in the model (with the backend's work before it) and alone beside PyTorch's
+    and oneDNN's, sorted by loss; what they leave of each way's model time is outside them, the backend's work part
+    of tensortune's; the table says the same."""
     (tmp_path / "models.py").write_text(MODEL_FILE)
     words = ("bench", "model", "models.py:tiny", "--profile", "--no-inductor", "--target", "llvm -threads=1", "--db",
              f"sqlite:///{tmp_path}/p.db", "--rounds", "1")
@@ -317,7 +318,7 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
         "dense(M=4,N=32,K=16,bias=true,epilogue=relu,dtype=float32)", "dense(M=4,N=8,K=32,bias=true,dtype=float32)"]
     assert [op["loss_ms"] for op in ops] == sorted((op["loss_ms"] for op in ops), reverse=True)
     for op in ops:
-        assert op["weight"] == 1 and min(op["in_model_us"], op["tensortune_us"], op["torch_us"]) > 0
+        assert op["weight"] == 1 and min(op["in_model_us"], op["glue_us"], op["tensortune_us"], op["torch_us"]) > 0
         assert op["loss_ms"] == pytest.approx((op["tensortune_us"] - op["torch_us"]) / 1e3, abs=2e-3)
         assert op["onednn_us"] > 0  # dense beside oneDNN's packed linear too, as max-autotune runs it
         assert op["mkl_us"] > 0 if torch.backends.mkl.is_available() else op["mkl_us"] is None  # and MKL's GEMM
@@ -325,11 +326,14 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     assert row["outside_ms"]["tensortune"] == pytest.approx(row["tensortune_ms"] - in_model, abs=2e-3)
     assert row["outside_ms"]["eager"] == pytest.approx(row["eager_ms"] - sum(op["torch_us"] for op in ops) / 1e3,
                                                        abs=2e-3)
+    glue = row["outside_ms"]["tensortune_glue"]
+    assert glue == pytest.approx(sum(op["glue_us"] for op in ops) / 1e3, abs=2e-3) and 0 < glue < row["tensortune_ms"]
     monkeypatch.setenv("COLUMNS", "200")  # a line a row, both packed columns beside
     print_profile(row)  # the table `bench model --profile` prints without --json
     table = capsys.readouterr().out
     assert "dense M=4 N=32 K=16 bias=true epilogue=relu" in table and "MKL packed µs" in table
     assert f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms" in table
+    assert "glue µs" in table and f"of it {glue:.2f} ms the backend's Python work before each kernel" in table
 
 
 @pytest.mark.parametrize("workload", [
