@@ -46,7 +46,7 @@ class Clock(defaultdict):
     """Seconds of each tuned kernel call, by its profiler event's name; `glue`, by the same names, the seconds of
     the Python work before each call (its sizes dispatched, activations checked, result allocated, addresses
     read): in a model the kernel before it leaves the caches cold for it (BERT-base bf16 on an Intel AMX host: 17-35
-    µs a call, against 3-5 alone and hot)."""
+    µs a call, against 3-6 alone and hot)."""
 
     def __init__(self):
         super().__init__(list)
