@@ -42,6 +42,8 @@ from .patterns import Match, find_matches, traced
 from .shapes import Kernels, Product, ShapeDispatch
 
 log = logging.getLogger("tensortune.frontend")
+
+
 class Clock(defaultdict):
     """Seconds of each tuned kernel call, by its profiler event's name; `glue`, by the same names, the seconds of
     the Python work before each call (its sizes dispatched, activations checked, result allocated, addresses
