@@ -3,15 +3,20 @@ AMX (narrowing the host with `-mattr=-amx-tile` takes them away on any host), ev
 tile registers, configs of odd shapes compile to tile products on any host (assembly for a Sapphire Rapids), and, where
 the host has AMX, they compute their dtype's reference and the tile peak is measured above the AVX-512 dot's."""
 import re
+import warnings
 
+import numpy as np
 import pytest
 
 from bench.peak import peak_gflops, tile_peak_module
 from search_space import (InvalidConfig, Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target,
                           lower, matmul)
 from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, format_program, var
+from search_space.workload import aligned
+from workers import UnalignedInputWarning, build
 from search_space.templates.gemm import AMX_ROWS, FAMILIES as GEMM_FAMILIES, TILE, isas
 from workers.build import generated_assembly
+from workers.kernel import tile_reads
 from workers.llvm_codegen import CodegenError, _zeroing_before_tiles, generate
 from workers.llvm_amx import CHUNK, GROUP, REGISTERS as TILE_REGISTERS, STEP, register_groups
 from workers.llvm_jit import emit_assembly
@@ -227,3 +232,35 @@ def test_a_batch_matmul_reading_views_runs_tile_products_where_a_rows_lie_along_
     assert {config["isa"] for config in get_space(transposed, SAPPHIRE)} == {"fma", "avx512bf16"}
     assert "tdpbf16ps" not in generated_assembly(lower(transposed, SAPPHIRE, fallback_config(transposed, SAPPHIRE)),
                                                  SAPPHIRE)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_inputs_an_amx_config_tile_loads_are_its_activations_not_its_packed_weights(family):
+    """Which inputs an UnalignedInputWarning can be about: A's rows go to tile loads as they lie; the weights are
+    packed first; the vector family below has no tile loads."""
+    workload = dense(64, 64, 128, bias=True, dtype=FAMILIES[family][0])
+    for isa, read in ((family, {"X"}), (FAMILIES[family][2], set())):
+        (config,) = configs_using(workload, SAPPHIRE, isa, count=1)
+        assert tile_reads(lower(workload, SAPPHIRE, config)) & {"X", "W", "bias"} == read
+
+
+@on_amx_host
+def test_an_amx_kernel_warns_once_of_an_activation_off_a_cache_line_and_still_computes_it():
+    """X 16 bytes off a cache line: one UnalignedInputWarning naming it, the right result, then silence; an aligned
+    X, a kernel narrowed off AMX, never a warning."""
+    workload = dense(64, 64, 128, dtype="bfloat16")
+    x, w = workload.random_inputs()
+    raw = np.empty(x.nbytes + 2 * 64, np.uint8)
+    shifted = raw[(-raw.ctypes.data) % 64 + 16:][:x.nbytes].view(x.dtype).reshape(x.shape)
+    shifted[...] = x
+    (config,) = configs_using(workload, ONE, "amx-bf16", count=1)
+    kernel = build(workload, ONE, config)
+    with pytest.warns(UnalignedInputWarning, match="input X starts 16 bytes past a cache line"):
+        out = kernel(shifted, w)
+    assert workload.max_error(out, workload.reference(x, w)) <= 1
+    narrowed = Target.parse("llvm -threads=1 -mattr=-amx-tile")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnalignedInputWarning)
+        kernel(shifted, w)
+        build(workload, ONE, config).bind(W=w)(aligned(x))
+        build(workload, narrowed, fallback_config(workload, narrowed))(shifted, w)

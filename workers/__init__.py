@@ -1,6 +1,6 @@
 """Turning a candidate into machine code, checking it, and timing it."""
 from .build import build, compile_program, resolve_config
-from .kernel import BoundKernel, Kernel, KernelArgumentError
+from .kernel import BoundKernel, Kernel, KernelArgumentError, UnalignedInputWarning
 from .llvm_codegen import CodegenError
 from .llvm_jit import CompileError
 from .measure import measure
@@ -10,4 +10,4 @@ from .task import MeasureOptions, Task
 
 __all__ = ["BoundKernel", "CodegenError", "CompileError", "Kernel", "KernelArgumentError", "build", "compile_program",
            "resolve_config", "MeasureInput", "MeasureOptions", "MeasureResult", "Outcome", "Pool", "PoolOptions",
-           "RayPoolOptions", "Task", "make_pool", "measure"]
+           "RayPoolOptions", "Task", "UnalignedInputWarning", "make_pool", "measure"]
