@@ -19,6 +19,8 @@ from search_space import Config, Program, Target, Workload
 from search_space.program import Stage, Store, loads, walk
 from search_space.workload import aligned_empty
 
+from .llvm_amx import LINE
+
 
 class KernelArgumentError(ValueError):
     """The arrays given to a kernel do not match its workload."""
@@ -28,9 +30,6 @@ class UnalignedInputWarning(UserWarning):
     """An input that a kernel's AMX tile loads read does not start on a cache line: each of a tile's 16 rows then
     straddles two lines, and the kernel runs slower (a bf16 dense 128 × 768 × 768 1.2 times, from an X 16 bytes
     off one, on an Intel AMX host)."""
-
-
-LINE = 64  # bytes of a cache line
 
 
 def check_array(op: str, buffer, array, role: str, types: tuple[type, ...] = (np.ndarray,)):
