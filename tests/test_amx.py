@@ -12,9 +12,9 @@ from bench.peak import peak_gflops, tile_peak_module
 from search_space import (InvalidConfig, Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target,
                           lower, matmul)
 from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, format_program, var
+from search_space.templates.gemm import AMX_ROWS, FAMILIES as GEMM_FAMILIES, TILE, isas
 from search_space.workload import aligned
 from workers import UnalignedInputWarning, build
-from search_space.templates.gemm import AMX_ROWS, FAMILIES as GEMM_FAMILIES, TILE, isas
 from workers.build import generated_assembly
 from workers.kernel import tile_reads
 from workers.llvm_codegen import CodegenError, _zeroing_before_tiles, generate
