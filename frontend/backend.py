@@ -8,7 +8,10 @@ with the best stored config for the target, else one borrowed from the nearest t
 one (tuner/predict.py), else the template's fallback, said in one line per graph (per new size at run time) on the `tensortune.frontend`
 logger, which prints the bare line where logging is not configured. Sizes Dynamo traced symbolic (after
 seeing them change) are dispatched on at run time; the kernels of static sizes are built with the graph.
-Weights are bound (packed) once per size, so the compiled model assumes them fixed, as inference does.
+Weights are bound (packed) once per size, so the compiled model assumes them fixed, as inference does; Dynamo
+is asked to guard on the identity of each of the model's tensors the graph reads (as it does for Inductor's
+freezing), so another instance of the same module class, with weights of its own, is compiled anew rather than
+run on the first instance's kernels.
 Tensors reach the kernels by address, with no copy and no check (the sizes were checked when the size was
 first met), and results are written straight into new torch tensors. Under grad mode, a linear layer whose
 weight is trained takes its weight and bias at each call, and the gradients of a tuned op are tuned products
@@ -30,6 +33,9 @@ from typing import Iterator
 
 import torch
 from torch import fx
+from torch._dynamo.guards import GuardBuilder
+from torch._dynamo.utils import get_static_address_type
+from torch._guards import TracingContext
 from torch.autograd import profiler
 
 from search_space import Target
@@ -174,6 +180,22 @@ def substitute(captured: Captured, matches: list[Match], kernels: Kernels) -> fx
     return module
 
 
+def guard_model_tensors(captured: Captured) -> None:
+    """Have Dynamo guard on the identity of the model's own tensors the graph takes as inputs (the parameters and
+    buffers it marks static), all but those autograd trains (passed at each call, never bound). Without it Dynamo
+    reuses a graph for another instance of the module class whose tensors match in shape, and its tuned ops compute
+    with the first instance's weights. Outside a Dynamo compile (no tracing context), nothing."""
+    context = TracingContext.try_get()
+    if context is None:
+        return
+    grad = torch.is_grad_enabled()
+    for node, value in captured.placeholder_values.items():
+        source = getattr(node.meta.get("grapharg"), "source", None)
+        if (source is not None and isinstance(value, torch.Tensor) and get_static_address_type(value) is not None
+                and not (grad and value.requires_grad)):
+            context.guards_context.dynamo_guards.add(source.make_guard(GuardBuilder.ID_MATCH))
+
+
 GRAPH_MODES = ("inductor", "eager")
 
 
@@ -187,6 +209,7 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
     if graph_mode not in GRAPH_MODES:
         raise ValueError(f"tensortune backend: option graph is {graph_mode!r}; it takes {' or '.join(GRAPH_MODES)}")
     captured = Captured(graph, list(example_inputs))
+    guard_model_tensors(captured)
     matches, untrained = [], []
     for match in find_matches(captured):
         (untrained if match.untrained else matches).append(match)

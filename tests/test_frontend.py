@@ -357,6 +357,24 @@ def test_functional_calls_compute_what_eager_does_at_every_call(tmp_path):
                 assert torch.allclose(got, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("graph", ["inductor", "eager"])
+def test_each_instance_of_a_module_class_runs_its_own_weights(graph, tmp_path):
+    """Two instances of one class, their weights alike in shape but not in value: Dynamo would reuse the first
+    one's graph for the second (its code and shapes match), whose tuned ops bound the first one's weights. The
+    backend has it guard on the weights' identity, so each instance is compiled for its own."""
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Linear(24, 16), nn.ReLU(), nn.Linear(16, 8)).eval() for _ in range(2)]
+    x = torch.randn(2, 5, 24)
+    torch._dynamo.reset()
+    options = {"db": f"sqlite:///{tmp_path}/empty.db", "graph": graph}
+    with torch.inference_mode():
+        compiled = [torch.compile(model, backend="tensortune", options=options) for model in models]
+        assert float((models[0](x) - models[1](x)).abs().max()) > 0.1
+        for _ in range(2):  # and again, each instance on its own graph
+            for model, run in zip(models, compiled):
+                assert torch.allclose(run(x), model(x), atol=1e-5)
+
+
 def test_fallbacks_are_one_readable_line_on_stderr(tmp_path):
     """What a torch.compile user sees with nothing tuned: the kernels named in one line, no file:line and no
     warning per kernel with its target string."""
