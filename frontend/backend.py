@@ -13,7 +13,8 @@ is asked to guard on the identity of each of the model's tensors the graph reads
 freezing), so another instance of the same module class, with weights of its own, is compiled anew rather than
 run on the first instance's kernels.
 Tensors reach the kernels by address, with no copy and no check (the sizes were checked when the size was
-first met), and results are written straight into new torch tensors. Under grad mode, a linear layer whose
+first met), and results are written straight into new torch tensors (under Inductor, into the buffers it
+allocates). Under grad mode, a linear layer whose
 weight is trained takes its weight and bias at each call, and the gradients of a tuned op are tuned products
 too (dY·W and dYᵀ·x for a linear layer), through the custom operator's autograd formula (frontend/autograd.py);
 an op needing gradients that tuned kernels cannot compute (its weights bound: conv2d, int8, a 3-D activation by a
@@ -95,8 +96,8 @@ class TunedOp(torch.nn.Module):
         """The result's shape in the model, from the activations' (symbolic sizes included)."""
         return tuple(self.form.result_shape(*(activation.shape for activation in activations)))
 
-    def forward(self, *activations: torch.Tensor) -> torch.Tensor:
-        return run_kernel(self.sizes, activations)
+    def forward(self, *activations: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return run_kernel(self.sizes, activations, out)
 
     def backward(self, grad: torch.Tensor, *activations: torch.Tensor) -> list[torch.Tensor]:
         """The gradients of the activations `grads` names, in order, each product a tuned kernel."""
@@ -107,14 +108,15 @@ class TunedOp(torch.nn.Module):
         return self.label
 
 
-def run_kernel(sizes: ShapeDispatch, activations) -> torch.Tensor:
+def run_kernel(sizes: ShapeDispatch, activations, out: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel of the activations' sizes run on them. Dtypes and ranks were checked when the graph was matched,
     and Dynamo guards them; floating-point activations in another dtype than the kernel's (float32 under
     autocast) are cast, as autocast casts them, int8's kept. The kernel reads each activation's memory in its form's
     order (row-major; channels_last for an nhwc convolution), so one that lies so is passed as it is; a
     batch_matmul's kernel is chosen by its operands' strides too, and reads the views it can where they lie. Under
     torch.profiler the kernel's time is an event named by its workload; under `kernel_clock` (bench model
-    --profile) its seconds are kept, and those of the work here before it."""
+    --profile) its seconds are kept, and those of the work here before it. The result goes into `out` where the
+    caller allocated it (Inductor's wrapper code: frontend/inductor.py), in the result's shape and layout."""
     clock = _CLOCK.get()
     begin = time.perf_counter() if clock is not None else 0.0
     shapes, cast, laid = tuple(activation.shape for activation in activations), sizes.cast, sizes.form.memory_format
@@ -126,7 +128,8 @@ def run_kernel(sizes: ShapeDispatch, activations) -> torch.Tensor:
         ready = [a.is_contiguous(memory_format=laid) and (cast is None or a.dtype == cast) for a in activations]
     tensors = [a if in_place else (a.detach().to(cast) if cast is not None else a.detach()).contiguous(
         memory_format=laid) for a, in_place in zip(activations, ready)]
-    out = torch.empty(run.result, dtype=sizes.result_dtype, memory_format=laid)
+    if out is None:
+        out = torch.empty(run.result, dtype=sizes.result_dtype, memory_format=laid)
     addresses = [t.data_ptr() for t in tensors] + [out.data_ptr()]
     if clock is not None:
         start = time.perf_counter()
