@@ -46,7 +46,7 @@ from .autograd import gradients
 from .capture import Captured
 from .frame_stack import on_fresh_chunk
 from .patterns import Match, find_matches, traced
-from .shapes import Kernels, Product, ShapeDispatch
+from .shapes import Kernels, Product, Run, ShapeDispatch
 
 log = logging.getLogger("tensortune.frontend")
 
@@ -89,15 +89,31 @@ class TunedOp(torch.nn.Module):
         self.dtype, self.memory_format = self.sizes.result_dtype, match.form.memory_format
         self.grads = match.grads  # which activations' gradients `backward` computes
         self.products = ShapeDispatch(Product(match.form.dtype), {}, kernels) if any(self.grads) else None
-        if match.workload is not None:  # static sizes: bind the kernel now, not at the first call
+        self.static = match.workload is not None
+        if self.static:  # bind the kernel now, not at the first call
             self.sizes.run(match.shapes, match.strides)
+        self.straight: Run | None | bool = None  # the run `into` calls straight, False where there is none
 
     def result_shape(self, *activations: torch.Tensor) -> tuple:
         """The result's shape in the model, from the activations' (symbolic sizes included)."""
         return tuple(self.form.result_shape(*(activation.shape for activation in activations)))
 
-    def forward(self, *activations: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return run_kernel(self.sizes, activations, out)
+    def forward(self, *activations: torch.Tensor) -> torch.Tensor:
+        return run_kernel(self.sizes, activations)
+
+    def into(self, activations: list[torch.Tensor], out: torch.Tensor) -> None:
+        """The kernel run into `out`, as Inductor's wrapper code calls it (frontend/inductor.py): activations laid
+        as traced, a result buffer of the traced shape. Where the sizes are static and the kernel reads every
+        activation where it lies, that is the same run at every call, and after the first one it is launched on
+        their addresses with nothing asked of the tensors but those (each torch call on a tensor cost ~10 µs in a
+        model, its caches cold after the kernel before: run_kernel's checks 35-50 µs a call in BERT-base bf16)."""
+        if self.straight is None:
+            run, ready = prepared(self.sizes, activations)
+            self.straight = run if self.static and all(ready) else False
+        if self.straight and _CLOCK.get() is None and not profiler._is_profiler_enabled:
+            launch(self.straight, [activation.data_ptr() for activation in activations] + [out.data_ptr()])
+        else:
+            run_kernel(self.sizes, activations, out)
 
     def backward(self, grad: torch.Tensor, *activations: torch.Tensor) -> list[torch.Tensor]:
         """The gradients of the activations `grads` names, in order, each product a tuned kernel."""
@@ -119,13 +135,7 @@ def run_kernel(sizes: ShapeDispatch, activations, out: torch.Tensor | None = Non
     caller allocated it (Inductor's wrapper code: frontend/inductor.py), in the result's shape and layout."""
     clock = _CLOCK.get()
     begin = time.perf_counter() if clock is not None else 0.0
-    shapes, cast, laid = tuple(activation.shape for activation in activations), sizes.cast, sizes.form.memory_format
-    if sizes.form.views:
-        run = sizes.run(shapes, tuple(a.stride() if cast is None or a.dtype == cast else None for a in activations))
-        ready = run.in_place
-    else:
-        run = sizes.run(shapes)
-        ready = [a.is_contiguous(memory_format=laid) and (cast is None or a.dtype == cast) for a in activations]
+    (run, ready), cast, laid = prepared(sizes, activations), sizes.cast, sizes.form.memory_format
     tensors = [a if in_place else (a.detach().to(cast) if cast is not None else a.detach()).contiguous(
         memory_format=laid) for a, in_place in zip(activations, ready)]
     if out is None:
@@ -142,6 +152,17 @@ def run_kernel(sizes: ShapeDispatch, activations, out: torch.Tensor | None = Non
     else:
         launch(run, addresses)
     return out
+
+
+def prepared(sizes: ShapeDispatch, activations) -> tuple[Run, list[bool]]:
+    """The run of the activations' sizes (and strides, where the form reads views), and which activations it reads
+    where they lie: those laid in its form's order, in its dtype."""
+    shapes, cast, laid = tuple(activation.shape for activation in activations), sizes.cast, sizes.form.memory_format
+    if sizes.form.views:
+        run = sizes.run(shapes, tuple(a.stride() if cast is None or a.dtype == cast else None for a in activations))
+        return run, list(run.in_place)
+    return sizes.run(shapes), [a.is_contiguous(memory_format=laid) and (cast is None or a.dtype == cast)
+                               for a in activations]
 
 
 def launch(run, addresses: list[int]) -> None:

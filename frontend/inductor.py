@@ -9,9 +9,9 @@ compiled graph holds its ops, so they live exactly as long as Dynamo keeps that 
 
 Inductor lowers `tuned` (not its differentiable twin, whose calls autograd must see) to a call that its wrapper
 code makes straight to the op, `extern_kernels.tensortune_tuned(*activations, op_id, out=buffer)`, into a buffer it
-allocates as it allocates its own (reusing a dead one of the same size): the dispatcher's round trip back to Python
-cost 40 µs a call in BERT-base bf16 on an Intel AMX host (its caches cold after each kernel; 1.9 ms a forward for
-its 48 dense calls; 4-5% of the whole forward, measured beside the dispatcher's way in one run).
+allocates as it allocates its own (reusing a dead one of the same size), and the op launches its kernel (straight,
+where it can: TunedOp.into): the dispatcher's round trip back to Python cost 40 µs a call in BERT-base bf16 on an
+Intel AMX host (its caches cold after each kernel; 1.9 ms a forward for its 48 dense calls).
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ KERNEL = "tensortune_tuned"  # what Inductor's wrapper code calls for `tuned`: e
 @runtime_checkable
 class Opaque(Protocol):
     """What Inductor needs of a tuned op: its result's shape (from fake tensors, sizes maybe symbolic), dtype and
-    memory format, its result (from real tensors), and which activations' gradients it computes."""
+    memory format, its result (from real tensors: new, or into a buffer Inductor allocated), and which activations'
+    gradients it computes."""
 
     dtype: torch.dtype
     memory_format: torch.memory_format
@@ -45,7 +46,9 @@ class Opaque(Protocol):
 
     def result_shape(self, *activations: torch.Tensor) -> tuple: ...
 
-    def forward(self, *activations: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor: ...
+    def forward(self, *activations: torch.Tensor) -> torch.Tensor: ...
+
+    def into(self, activations: list[torch.Tensor], out: torch.Tensor) -> None: ...
 
 
 class Registry:
@@ -103,7 +106,7 @@ def run_into(*arguments, out: torch.Tensor) -> None:
     """What Inductor's wrapper code calls for a tuned op: its activations, then its id; the result written into
     `out`, a buffer Inductor allocated with the result's shape and strides."""
     *activations, op_id = arguments
-    REGISTRY[op_id].forward(*activations, out=out)
+    REGISTRY[op_id].into(activations, out)
 
 
 def lower_operator():

@@ -14,6 +14,7 @@ from torch._inductor.utils import run_and_get_code
 from frontend import inductor
 from frontend.backend import tensortune
 from frontend.capture import capture
+from frontend.shapes import Run
 from search_space import Target, dense, fallback_config
 from workers import build
 
@@ -100,6 +101,41 @@ def test_inductors_wrapper_calls_each_tuned_op_into_a_buffer_it_allocates(tmp_pa
     assert sum(event.startswith("tensortune ") for event in events) == 3  # each kernel's own event
 
 
+class Transposed(nn.Module):
+    """A linear layer reading its input transposed, a view the dense kernel cannot read in place, then one reading
+    the contiguous result."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(5, 12), nn.Linear(12, 7)
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(x.transpose(1, 2))))
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "symbolic"])
+def test_a_static_op_reading_its_activations_in_place_is_launched_straight(dynamic, tmp_path):
+    """After its first call, an op of static sizes whose kernel reads every activation where it lies is launched on
+    the addresses alone, with nothing else asked of the tensors; one that copies an activation (a transposed view
+    for a dense) and any op of symbolic sizes keep to run_kernel's checks. Each computes what eager does, call
+    after call."""
+    torch.manual_seed(0)
+    model = Transposed().eval()
+    torch._dynamo.reset()
+    gc.collect()  # the registry then holds this test's ops alone
+    compiled = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/empty.db"},
+                             dynamic=dynamic)
+    with torch.inference_mode():
+        for _ in range(3):
+            x = torch.randn(2, 5, 9)
+            assert_close(compiled(x), model(x))
+    straight = {op.form.K: op.straight for op in inductor.REGISTRY.ops.values()}  # the first's K is 5, the second's 12
+    if dynamic:
+        assert straight == {5: False, 12: False}
+    else:
+        assert straight[5] is False and isinstance(straight[12], Run)
+
+
 def test_a_graph_whose_ops_need_gradients_calls_the_differentiable_operator(tmp_path):
     """An inference graph's tuned ops call `tuned`, which has no autograd formula (under no_grad, dispatching
     through one costs three times as much); a training graph's call `tuned_differentiable`, whose gradients are
@@ -181,6 +217,9 @@ class RowDispatchedDense(nn.Module):
 
     def result_shape(self, x: torch.Tensor) -> tuple:
         return (*x.shape[:-1], self.weight.shape[0])
+
+    def into(self, activations: list[torch.Tensor], out: torch.Tensor) -> None:
+        self.forward(*activations, out=out)
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()
