@@ -165,10 +165,12 @@ def as_constants(module: fx.GraphModule) -> None:
 
 def compile_around(module: fx.GraphModule, example_inputs: Sequence):
     """What Inductor's compile_fx makes of the graph with its tuned ops as custom operator calls, holding them.
-    Inductor's caches stay off for it: a cached graph would call op ids of another compile (or process)."""
+    Inductor's caches stay off for it: a cached graph would call op ids of another compile (or process). Its wrapper
+    code is Python, whatever Inductor's cpp_wrapper says: it calls the tuned ops, which are Python."""
     ops = to_operator_calls(module)
     as_constants(module)
-    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+    with torch._inductor.config.patch(fx_graph_cache=False, cpp_wrapper=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
         compiled = compile_fx(module, list(example_inputs))
 
     def run(*args, _ops=tuple(ops)):

@@ -150,6 +150,16 @@ def test_a_graph_whose_ops_need_gradients_calls_the_differentiable_operator(tmp_
     assert model.up.weight.grad is not None and model.down.weight.grad is not None
 
 
+def test_a_cpp_wrapper_asked_of_inductor_leaves_the_tuned_graphs_python(tmp_path):
+    """Inductor's cpp_wrapper, set for the user's other graphs, would have no way to call the tuned ops."""
+    model, x = block(), torch.randn(2, 5, 16)
+    with torch._inductor.config.patch(cpp_wrapper=True):
+        got, code = run_compiled(model, x, tmp_path)
+    with torch.inference_mode():
+        assert_close(got, model(x))
+    assert sum(source.count(TUNED_CALL) for source in code) == 2
+
+
 def test_the_eager_graph_option_runs_the_rest_op_by_op(tmp_path):
     model, x = block(), torch.randn(2, 5, 16)
     got, code = run_compiled(model, x, tmp_path, graph="eager")
