@@ -106,14 +106,18 @@ class TunedOp(torch.nn.Module):
         as traced, a result buffer of the traced shape. Where the sizes are static and the kernel reads every
         activation where it lies, that is the same run at every call, and after the first one it is launched on
         their addresses with nothing asked of the tensors but those (each torch call on a tensor cost ~10 µs in a
-        model, its caches cold after the kernel before: run_kernel's checks 35-50 µs a call in BERT-base bf16)."""
+        model, its caches cold after the kernel before: run_kernel's checks 35-50 µs a call in BERT-base bf16), timed
+        under kernel_clock and torch.profiler as run_kernel times its."""
         if self.straight is None:
             run, ready = prepared(self.sizes, activations)
             self.straight = run if self.static and all(ready) else False
-        if self.straight and _CLOCK.get() is None and not profiler._is_profiler_enabled:
-            launch(self.straight, [activation.data_ptr() for activation in activations] + [out.data_ptr()])
-        else:
+        if not self.straight:
             run_kernel(self.sizes, activations, out)
+            return
+        clock = _CLOCK.get()
+        begin = time.perf_counter() if clock is not None else 0.0
+        timed_launch(self.straight, [activation.data_ptr() for activation in activations] + [out.data_ptr()], clock,
+                     begin)
 
     def backward(self, grad: torch.Tensor, *activations: torch.Tensor) -> list[torch.Tensor]:
         """The gradients of the activations `grads` names, in order, each product a tuned kernel."""
@@ -140,7 +144,13 @@ def run_kernel(sizes: ShapeDispatch, activations, out: torch.Tensor | None = Non
         memory_format=laid) for a, in_place in zip(activations, ready)]
     if out is None:
         out = torch.empty(run.result, dtype=sizes.result_dtype, memory_format=laid)
-    addresses = [t.data_ptr() for t in tensors] + [out.data_ptr()]
+    timed_launch(run, [t.data_ptr() for t in tensors] + [out.data_ptr()], clock, begin)
+    return out
+
+
+def timed_launch(run: Run, addresses: list[int], clock: Clock | None, begin: float) -> None:
+    """The run launched: under `kernel_clock`, its seconds kept and those since `begin` (the Python work before it);
+    under torch.profiler, within an event named by its workload."""
     if clock is not None:
         start = time.perf_counter()
         launch(run, addresses)
@@ -151,7 +161,6 @@ def run_kernel(sizes: ShapeDispatch, activations, out: torch.Tensor | None = Non
             launch(run, addresses)
     else:
         launch(run, addresses)
-    return out
 
 
 def prepared(sizes: ShapeDispatch, activations) -> tuple[Run, list[bool]]:
@@ -165,7 +174,7 @@ def prepared(sizes: ShapeDispatch, activations) -> tuple[Run, list[bool]]:
                                for a in activations]
 
 
-def launch(run, addresses: list[int]) -> None:
+def launch(run: Run, addresses: list[int]) -> None:
     """The run's kernel on these addresses: once, or once for each of its offsets."""
     if not run.offsets:
         run.call(*addresses)
