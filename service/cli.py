@@ -8,7 +8,7 @@ import typer
 
 from search_space import DTYPES, InvalidConfig, NoTemplate
 
-from .cli_args import OP_ARGUMENT, TARGET_OPTION, console, fail, parse_target, parse_workload
+from .cli_args import OP_ARGUMENT, TARGET_OPTION, check_timed_here, console, fail, parse_target, parse_workload
 
 app = typer.Typer(help="tensortune: autotuning of tensor kernels", no_args_is_help=True, add_completion=False,
                   rich_markup_mode=None)
@@ -87,12 +87,12 @@ def bench_kernels(quick: bool = typer.Option(False, "--quick", help="fewer candi
             fail(f"the GPU templates compute in float32 only, not {dtype}", 2)
         from bench.kernels_cuda import run as run_cuda
 
-        parse_target(target)  # one line, not a traceback, on a host without a GPU
+        check_timed_here(parse_target(target))  # one line, not a traceback, on a host without a GPU
         run_cuda(quick=quick, json_lines=json_lines, trials=trials, only=only, seed=seed, target=target)
         return
     from bench.kernels import run
 
-    parse_target(target)
+    check_timed_here(parse_target(target))
     run(quick=quick, json_lines=json_lines, trials=trials, only=only, seed=seed, dtype=dtype, target=target)
 
 

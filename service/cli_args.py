@@ -70,17 +70,33 @@ def check_workers(text: str) -> None:
         fail(f"--workers {text}: not local, ray or a Ray cluster address (HOST:PORT, ray://HOST:PORT)")
 
 
-def check_local_host(target: Target, workers: str) -> None:
-    """A local pool times only what this host runs: another CPU model's code or a GPU it lacks is refused up front,
-    before a job is made (a Ray cluster may have such a host, and there the job waits for it)."""
-    if workers != "local":
-        return
+def host_problem(target: Target) -> str:
+    """Why this host cannot time the target's code ("" when it can): another CPU model's code, more threads than
+    its cores, a GPU it lacks."""
     from search_space.gpu_device import local_gpu_problem
     from workers.pool_local import local_cpu_problem
 
-    if problem := local_gpu_problem(target.arch) if target.kind == "cuda" else local_cpu_problem(target):
-        fail(f"{problem}; a {target.kind} target is measured on its own kind of {'GPU' if target.kind == 'cuda' else 'CPU'}: "
+    return local_gpu_problem(target.arch) if target.kind == "cuda" else local_cpu_problem(target)
+
+
+def device_kind(target: Target) -> str:
+    return "GPU" if target.kind == "cuda" else "CPU"
+
+
+def check_local_host(target: Target, workers: str) -> None:
+    """A local pool times only what this host runs: another CPU model's code or a GPU it lacks is refused up front,
+    before a job is made (a Ray cluster may have such a host, and there the job waits for it)."""
+    if workers == "local" and (problem := host_problem(target)):
+        fail(f"{problem}; a {target.kind} target is measured on its own kind of {device_kind(target)}: "
              f"run this on such a host, or with --workers pointing at a Ray cluster that has one")
+
+
+def check_timed_here(target: Target) -> None:
+    """A benchmark times the target's code on this host, beside references timed here: a figure for another CPU
+    model (or more threads than cores) would be this host's, under the other's name."""
+    if problem := host_problem(target):
+        fail(f"{problem}; a benchmark times the target's code on this host: run it on a host with that "
+             f"{device_kind(target)}")
 
 
 def parse_workload(op: str, params: List[str]) -> Workload:

@@ -10,8 +10,8 @@ from rich.table import Table
 from search_space import Workload
 from workers.torch_arrays import FLOATING
 
-from .cli_args import (DB_OPTION, TARGET_OPTION, WORKERS_HELP, check_local_host, check_workers, console, fail,
-                       open_database, parse_target, writing_to)
+from .cli_args import (DB_OPTION, TARGET_OPTION, WORKERS_HELP, check_local_host, check_timed_here, check_workers,
+                       console, fail, open_database, parse_target, writing_to)
 
 MODEL_HELP = ("a preset (bert-layer, bert-base, resnet18, hf-bert-base, hf-gpt2) or path/to/file.py:function returning "
               "(model, example_inputs)")
@@ -180,6 +180,7 @@ def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
     lengths = parse_seq_lens(seq_lens)
     from bench.model import run
 
+    check_timed_here(parse_target(target))
     open_database(db).close()  # a bad --db, like a bad spec, is refused before anything is timed
     suffix = " --channels-last" if channels_last else ""
     loaded = {spec + suffix: load(spec, lengths, channels_last) for spec in models}

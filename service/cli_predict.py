@@ -10,7 +10,8 @@ from typing import List, Optional
 
 import typer
 
-from .cli_args import DB_OPTION, OP_ARGUMENT, TARGET_OPTION, fail, open_database, parse_target, parse_workload
+from .cli_args import (DB_OPTION, OP_ARGUMENT, TARGET_OPTION, check_timed_here, fail, open_database, parse_target,
+                       parse_workload)
 
 
 def predict(op: str = OP_ARGUMENT,
@@ -49,7 +50,9 @@ def bench_predict(db: Optional[str] = DB_OPTION,
     and the template fallback's, timed head to head."""
     from bench.predict import run
 
-    run(db, str(parse_target(target)), only, json_lines)
+    target_ = parse_target(target)
+    check_timed_here(target_)
+    run(db, str(target_), only, json_lines)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

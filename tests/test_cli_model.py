@@ -237,6 +237,20 @@ def test_models_that_cannot_be_tuned_are_refused_in_one_line(tmp_path, monkeypat
         assert each.exception is None or isinstance(each.exception, SystemExit), each.exception
 
 
+@pytest.mark.parametrize("command", [("bench", "model", "models.py:tiny", "--db", "sqlite:///b.db"), ("bench", "kernels"),
+                                     ("bench", "predict", "--db", "sqlite:///b.db")], ids=["model", "kernels", "predict"])
+def test_benchmarks_time_only_code_this_host_runs(command, tmp_path, monkeypatch):
+    """A benchmark's figures are this host's: for another CPU model's target, or more threads than its cores, they
+    would be stored and read under a name they are not of. Refused in one line, before anything is timed."""
+    (tmp_path / "models.py").write_text(MODEL_FILE)
+    host = host_target()
+    other_cpu = next(cpu for cpu in ("znver3", "icelake-server") if cpu != host.model)
+    for target, problem in [(f"llvm -mcpu={other_cpu} -threads=1", f"this host's CPU is {host.model}, not {other_cpu}"),
+                            (f"llvm -threads={host.threads + 1}", f"this host has {host.threads} cores")]:
+        result = refused(*command, "--target", target, cwd=tmp_path, monkeypatch=monkeypatch)
+        assert result.exit_code == 1 and problem in result.stderr and "a benchmark times" in result.stderr, result.stderr
+
+
 def test_bench_scheduler_compares_both_strategies_at_a_checkpoint(tmp_path):
     """Both strategies tune the model from scratch; each row is measured beside eager in the same run."""
     (tmp_path / "models.py").write_text(MODEL_FILE)
