@@ -256,8 +256,10 @@ def test_a_cache_flush_precedes_every_timed_call_and_is_not_timed():
 
 def test_tuning_rotates_over_copies_of_the_weights_by_default_or_flushes_or_runs_warm():
     """By default each timed call is of the next copy of the weights, after a round of them all, so each finds its
-    weights evicted by the others' (rotate); flushed, single calls after a write of twice this host's largest cache
-    (one buffer per process); warm, as the benchmarks' references run, many calls per sample."""
+    weights evicted by the others' (rotate), and finds its activations written again just before it, as the op before
+    leaves them (one call without weights: the same, single calls); flushed, single calls after a write of twice
+    this host's largest cache (one buffer per process); warm, as the benchmarks' references run, many calls per
+    sample."""
     import numpy as np
 
     from search_space import Target
@@ -265,10 +267,20 @@ def test_tuning_rotates_over_copies_of_the_weights_by_default_or_flushes_or_runs
     from workers.task import HostTimedCall
     from workers.timing import host_flush_buffer, last_level_cache_bytes
 
-    calls, target = [], Target.parse("llvm")
-    timed = HostTimedCall([lambda copy=copy: calls.append(copy) for copy in range(3)], np.zeros(1), target)
+    calls, seen, target, activation = [], [], Target.parse("llvm"), np.zeros(1)
+
+    def call(copy: int) -> None:  # records what it finds, then writes over its input as no kernel does
+        calls.append(copy)
+        seen.append(activation[0])
+        activation[0] += 1
+    timed = HostTimedCall([lambda copy=copy: call(copy) for copy in range(3)], np.zeros(1), target, [activation])
     timed.samples(MeasureOptions(repeat=4))
     assert calls == [0, 1, 2] + [0, 1, 2, 0]
+    assert seen == [0, 1, 2] + [0, 0, 0, 0]  # each timed call after its input's rewrite
+    calls.clear(), seen.clear()
+    activation[0] = 0
+    HostTimedCall([lambda: call(0)], np.zeros(1), target, [activation]).samples(MeasureOptions(repeat=3))
+    assert calls == [0] * (1 + 3) and seen == [0] + [0] * 3
     calls.clear()
     timed.samples(MeasureOptions(repeat=3, cache="flush"))
     assert calls == [0] * (1 + 3)

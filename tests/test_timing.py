@@ -31,7 +31,7 @@ def resident_bytes():
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 target = Target.parse("llvm")
-timed = HostTimedCall([lambda: None], np.zeros(1), target)
+timed = HostTimedCall([lambda: None], np.zeros(1), target, [])
 compile_program(flush_program(target.threads, 1, 16), target)  # LLVM's own memory, before the count
 before = resident_bytes()
 timed.samples(MeasureOptions(repeat=1, cache="flush"))

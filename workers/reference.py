@@ -32,17 +32,23 @@ def inference_calls(kernel: Kernel, inputs, weight_bytes: int = 0) -> tuple[list
     out = aligned_empty(workload.output_shape, workload.output_dtype)
     named = dict(zip((name for name, _ in workload.operand_shapes()), inputs))
     weights = {name: named[name] for name in workload.weight_names()}
+    activations = activation_arrays(workload, inputs)
     bound = [kernel]
     if weights:
         copies = min(MAX_COPIES, max(1, -(-weight_bytes // sum(array.nbytes for array in weights.values()))))
         bound = [kernel.bind(**(weights if copy == 0 else {name: a.copy() for name, a in weights.items()}))
                  for copy in range(copies)]
-    activations = [array for name, array in named.items() if name not in weights]
     if not isinstance(kernel, Kernel):  # a GPU kernel: its call copies the arrays there and back, by no address
         return [lambda b=b: b(*activations, out=out) for b in bound], out
     bound[0].check(*activations, out=out)
     addresses = [array.ctypes.data for array in activations + [out]]
     return [lambda call=b.address_call(), _keepalive=(activations, out): call(*addresses) for b in bound], out
+
+
+def activation_arrays(workload: Workload, inputs) -> list[np.ndarray]:
+    """The inputs that are no weights: what the op before computes in a model, in call order."""
+    weights = set(workload.weight_names())
+    return [array for (name, _), array in zip(workload.operand_shapes(), inputs) if name not in weights]
 
 
 def torch_operands(workload: Workload, inputs) -> dict:

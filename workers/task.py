@@ -25,9 +25,9 @@ from .flush import host_flusher
 from .kernel import Kernel
 from .llvm_codegen import CodegenError
 from .llvm_jit import CompileError
-from .reference import inference_calls
+from .reference import activation_arrays, inference_calls
 from .result import MeasureInput, MeasureResult, Outcome
-from .timing import rotated_samples, rotation_bytes, time_samples
+from .timing import producer_writes, rotated_samples, rotation_bytes, time_samples
 
 CACHE_PROTOCOLS = ("rotate", "flush", "warm")
 
@@ -36,9 +36,9 @@ CACHE_PROTOCOLS = ("rotate", "flush", "warm")
 class MeasureOptions:
     """The timing protocol: `repeat` samples. `cache` says how the CPU's caches stand at a timed call:
     - "rotate" (the default): single calls, each on another copy of the bound weights, twice the last-level cache
-      of copies (up to 256 MiB and MAX_COPIES), so that each finds its weights in memory, its activations and
-      threads warm, as a layer of a model does; a workload without weights (its inputs are the op before's outputs)
-      warm;
+      of copies (up to 256 MiB and MAX_COPIES), its activations written again just before (the calling thread
+      copies them over themselves), so that each finds its weights in memory and its activations where the op
+      before left them, as a layer of a model does (a workload without weights, one copy of it);
     - "flush": single calls, each after a write of twice the last-level cache by the kernel's threads (AutoTVM's
       advice on x86): it evicts the activations too, and it ranked some configs unlike a model does;
     - "warm": calls lasting at least `min_repeat_ms` a sample, as the benchmarks' references run.
@@ -139,14 +139,15 @@ class HostTimedCall:
     calls: list[Callable[[], object]]
     out: np.ndarray
     target: Target
+    activations: list[np.ndarray]  # the arrays the calls read that the op before would write
 
     def output(self) -> np.ndarray:
         self.calls[0]()
         return self.out
 
     def samples(self, options: MeasureOptions) -> list[float]:
-        if options.cache == "rotate" and len(self.calls) > 1:
-            return rotated_samples(self.calls, options.repeat)
+        if options.cache == "rotate":
+            return rotated_samples(self.calls, options.repeat, producer_writes(self.activations))
         flush = host_flusher(self.target) if options.cache == "flush" else None
         return time_samples(self.calls[0], options.repeat, options.min_repeat_ms, flush, options.cooldown_ms)
 
@@ -156,7 +157,8 @@ def timed_call(kernel, inputs, options: MeasureOptions) -> TimedCall:
         from .cuda_measure import CudaTimedCall
         return CudaTimedCall(kernel, inputs)
     weight_bytes = rotation_bytes() if options.cache == "rotate" else 0
-    return HostTimedCall(*inference_calls(kernel, inputs, weight_bytes), kernel.target)
+    return HostTimedCall(*inference_calls(kernel, inputs, weight_bytes), kernel.target,
+                         activation_arrays(kernel.workload, inputs))
 
 
 def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
