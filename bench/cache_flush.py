@@ -2,9 +2,9 @@
 timed call.
 
 The model is tuned from an empty database under one budget with each of workers.task's cache protocols: each
-call on another copy of the weights (`rotate`, the default), after a flush of twice the last-level cache
-(`flush`), and warm; then eager PyTorch and the model compiled with each database's best configs are timed in
-alternating rounds in one run.
+call on another copy of the weights, its activations written again just before (`rotate`, the default), after a
+flush of twice the last-level cache (`flush`), and warm; then eager PyTorch and the model compiled with each
+database's best configs are timed in alternating rounds in one run.
 """
 from __future__ import annotations
 
