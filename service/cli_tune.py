@@ -159,8 +159,8 @@ def print_stored_best(database, workload, target) -> bool:
     ours, reference, theirs = compare_with_reference(workload, target, config)
     job = f"job {info['job_id']}" if info["job_id"] is not None else "imported"
     print(f"stored best for this machine (what `best` and apply_history_best use): config {config.index}, {job}")
-    print(f"  {info['gflops']:.1f} GFLOPS as measured while tuning (each call finding its weights in memory, as a "
-          "layer of a model does; the best of many noisy measurements)")
+    print(f"  {info['gflops']:.1f} GFLOPS as measured while tuning (each call finding its weights in memory and its "
+          "inputs just written, as a layer of a model does; the best of many noisy measurements)")
     caches = "its L2 flushed before each call" if target.kind == "cuda" else "warm caches"
     print(f"  {ours:.1f} GFLOPS timed now with {caches}, alternately with {reference}'s {theirs:.1f} GFLOPS "
           f"({ours / theirs:.2f}x)")
