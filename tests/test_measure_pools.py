@@ -277,7 +277,8 @@ def test_tuning_rotates_over_copies_of_the_weights_by_default_or_flushes_or_runs
     timed.samples(MeasureOptions(repeat=4))
     assert calls == [0, 1, 2] + [0, 1, 2, 0]
     assert seen == [0, 1, 2] + [0, 0, 0, 0]  # each timed call after its input's rewrite
-    calls.clear(), seen.clear()
+    calls.clear()
+    seen.clear()
     activation[0] = 0
     HostTimedCall([lambda: call(0)], np.zeros(1), target, [activation]).samples(MeasureOptions(repeat=3))
     assert calls == [0] * (1 + 3) and seen == [0] + [0] * 3

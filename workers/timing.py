@@ -84,7 +84,7 @@ def time_samples(fn: Callable[[], object], repeat: int = 5, min_repeat_ms: float
     return samples
 
 
-def rotated_samples(calls: list[Callable[[], object]], repeat: int, before: Callable[[], None] | None = None) -> list[float]:
+def rotated_samples(calls: list[Callable[[], object]], repeat: int, before: Callable[[], None]) -> list[float]:
     """Seconds of `repeat` single calls, each of the next of `calls` in turn, after a round of them all: each
     call's memory was last touched a whole round of the others before it. `before` runs, untimed, ahead of each."""
     for call in calls:
@@ -92,8 +92,7 @@ def rotated_samples(calls: list[Callable[[], object]], repeat: int, before: Call
     samples = []
     for sample in range(repeat):
         call = calls[sample % len(calls)]
-        if before is not None:
-            before()
+        before()
         start = time.perf_counter()
         call()
         samples.append(time.perf_counter() - start)
@@ -104,9 +103,9 @@ def producer_writes(arrays: list[np.ndarray]) -> Callable[[], None]:
     """A call that writes the arrays over again with their own values, from this thread, as the op before a kernel
     leaves its inputs in a model: just written, dirty in one core's cache. A kernel's threads on the other cores read
     them from there, not from their own caches as after a warm call; on a Zen 5 host (2 threads) BERT-base's FFN
-    down projection as tuned warm took 1.20 ms on inputs it had read last and 1.49-1.54 ms on inputs so written
-    (1.51-1.61 ms after the up projection that writes them in the model), while a config that reads its A in longer
-    runs took 1.21 and 1.23 ms."""
+    down projection as tuned warm took 1.18-1.20 ms on inputs it had read last and 1.48-1.63 ms on inputs so written
+    (1.45-1.61 ms after the up projection that writes them in the model), while a config that reads its A in longer
+    runs took 1.21 and 1.22-1.23 ms (in some phases of the host; in others all four ran alike)."""
     sources = [array.copy() for array in arrays]
 
     def write() -> None:
