@@ -10,7 +10,8 @@ dense beside MKL's packed GEMM, max-autotune's other choice for it where PyTorch
 MKL's for BERT's float32 products over its C++ template, 0.50 ms against 1.19 for 128×768×768). Counted as
 often as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the
 kernels do not account for of tensortune's time in the model is the time outside them; eager's is estimated from
-its operators' times alone. Part of tensortune's is its own: the backend's Python work before each kernel call
+its operators' times alone. Beside the time in the model is the one tuning measured for the stored best (its
+protocol's, workers.task.MeasureOptions): how well tuning predicted the model. Part of tensortune's is its own: the backend's Python work before each kernel call
 (the glue column), which in a model finds the caches cold that the kernel before it filled with its weights."""
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from db import Database
+from db.served import is_served
 from search_space import Target, Workload
 from workers.reference import head_to_head, inference_call, int8_calls, torch_conv2d, torch_epilogue, torch_operands
 
@@ -112,6 +115,7 @@ def profile_tasks(tasks, in_model: dict[str, dict[str, float]], db: str | None, 
     target_ = Target.parse(target)
     kernels = Kernels(db, target_)
     kernels.prepare(task.workload for task in tasks)
+    as_tuned = tuned_seconds(db, target_, [task.workload for task in tasks])
     rows = []
     for task in tasks:
         inputs = task.workload.random_inputs()
@@ -124,10 +128,20 @@ def profile_tasks(tasks, in_model: dict[str, dict[str, float]], db: str | None, 
         rows.append({"workload": key, "weight": task.weight,
                      **{f"{part}_us": round(in_model[way][key] * 1e6, 1) if key in in_model[way] else None
                         for part, way in (("in_model", "kernel"), ("glue", "glue"))},
+                     "tuned_us": round(as_tuned[key] * 1e6, 1) if key in as_tuned else None,
                      "tensortune_us": round(seconds["tensortune"] * 1e6, 1), "torch_us": round(seconds["torch"] * 1e6, 1),
                      **{f"{way}_us": round(seconds[way] * 1e6, 1) if way in seconds else None for way in PACKED},
                      "loss_ms": round(task.weight * (seconds["tensortune"] - seconds["torch"]) * 1e3, 3)})
     return sorted(rows, key=lambda row: -row["loss_ms"])
+
+
+def tuned_seconds(db: str | None, target: Target, workloads: list[Workload]) -> dict[str, float]:
+    """The median seconds a call of each workload's stored best took while tuning, by workload key: of those tuned on
+    exactly this target (none from a tensortune service: it serves configs, not timings)."""
+    if is_served(db):
+        return {}
+    database = Database(db)
+    return {workload.key: best[0].result.median for workload in workloads if (best := database.best(workload, target))}
 
 
 def outside(model_row: dict, ops: list[dict]) -> dict:
@@ -144,13 +158,13 @@ def print_profile(row: dict) -> None:
     at = f" at sequence length {row['seq_len']}" if row["seq_len"] else ""
     table = Table(title=f"{row['model']}{at}: each tuned op per call, in the model and alone beside PyTorch's "
                         f"operators for it (same run), the largest loss per forward pass first", title_justify="left")
-    for column in ("weight", "workload", "in model µs", "glue µs", "alone µs", "PyTorch µs", "speedup alone",
-                   "loss ms/forward", *PACKED.values()):
+    for column in ("weight", "workload", "in model µs", "as tuned µs", "glue µs", "alone µs", "PyTorch µs",
+                   "speedup alone", "loss ms/forward", *PACKED.values()):
         table.add_column(column)
     for op in row["profile"]:
-        in_model, glue, *packed = (f"{op[key]:.1f}" if op.get(key) is not None else "-"
-                                   for key in ("in_model_us", "glue_us", *(f"{way}_us" for way in PACKED)))
-        table.add_row(str(op["weight"]), Workload.from_key(op["workload"]).label, in_model, glue,
+        in_model, tuned, glue, *packed = (f"{op[key]:.1f}" if op.get(key) is not None else "-" for key in (
+            "in_model_us", "tuned_us", "glue_us", *(f"{way}_us" for way in PACKED)))
+        table.add_row(str(op["weight"]), Workload.from_key(op["workload"]).label, in_model, tuned, glue,
                       f"{op['tensortune_us']:.1f}", f"{op['torch_us']:.1f}",
                       f"{op['torch_us'] / op['tensortune_us']:.2f}x", f"{op['loss_ms']:+.3f}", *packed)
     Console().print(table)

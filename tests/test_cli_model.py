@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from bench.allocator import allocator
 from bench.profile import mkl_packed, onednn_packed, print_profile, torch_op
 from db import Database
-from search_space import batch_matmul, conv2d, dense, host_target, matmul
+from search_space import Workload, batch_matmul, conv2d, dense, host_target, matmul
 from service.cli import app
 from workers.torch_arrays import numpy_array
 
@@ -322,8 +322,12 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     and oneDNN's, sorted by loss; what they leave of each way's model time is outside them, the backend's work part
     of tensortune's; the table says the same."""
     (tmp_path / "models.py").write_text(MODEL_FILE)
-    words = ("bench", "model", "models.py:tiny", "--profile", "--no-inductor", "--target", "llvm -threads=1", "--db",
-             f"sqlite:///{tmp_path}/p.db", "--rounds", "1")
+    db, target = f"sqlite:///{tmp_path}/p.db", "llvm -threads=1"
+    tuned = run("tune-model", "models.py:tiny", "--trials", "4", "--tuner", "random", "--target", target, "--db", db,
+                cwd=tmp_path)
+    assert tuned.returncode == 0, tuned.stderr
+    words = ("bench", "model", "models.py:tiny", "--profile", "--no-inductor", "--target", target, "--db", db,
+             "--rounds", "1")
     timed = run(*words, "--json", cwd=tmp_path)
     assert timed.returncode == 0, timed.stderr
     row = json.loads(timed.stdout.splitlines()[-1])
@@ -335,6 +339,8 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
         assert op["weight"] == 1 and min(op["in_model_us"], op["glue_us"], op["tensortune_us"], op["torch_us"]) > 0
         assert op["loss_ms"] == pytest.approx((op["tensortune_us"] - op["torch_us"]) / 1e3, abs=2e-3)
         assert op["onednn_us"] > 0  # dense beside oneDNN's packed linear too, as max-autotune runs it
+        best = Database(db).best(Workload.from_key(op["workload"]), target)[0]  # and beside what tuning measured
+        assert op["tuned_us"] == round(best.result.median * 1e6, 1) > 0
         assert op["mkl_us"] > 0 if torch.backends.mkl.is_available() else op["mkl_us"] is None  # and MKL's GEMM
     in_model = sum(op["in_model_us"] for op in ops) / 1e3  # the kernels as profiled in the model
     assert row["outside_ms"]["tensortune"] == pytest.approx(row["tensortune_ms"] - in_model, abs=2e-3)
@@ -348,6 +354,7 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     assert "dense M=4 N=32 K=16 bias=true epilogue=relu" in table and "MKL packed µs" in table
     assert f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms" in table
     assert "glue µs" in table and f"of it {glue:.2f} ms the backend's Python work before each kernel" in table
+    assert "as tuned µs" in table and all(f"{op['tuned_us']:.1f}" in table for op in ops)
 
 
 @pytest.mark.parametrize("workload", [
