@@ -11,8 +11,9 @@ MKL's for BERT's float32 products over its C++ template, 0.50 ms against 1.19 fo
 often as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the
 kernels do not account for of tensortune's time in the model is the time outside them; eager's is estimated from
 its operators' times alone. Beside the time in the model is the one tuning measured for the stored best (its
-protocol's, workers.task.MeasureOptions): how well tuning predicted the model. Part of tensortune's is its own: the backend's Python work before each kernel call
-(the glue column), which in a model finds the caches cold that the kernel before it filled with its weights."""
+protocol's, workers.task.MeasureOptions): how well tuning predicted the model. Part of tensortune's is its own: the
+backend's Python work before each kernel call (the glue column), which in a model finds the caches cold that the
+kernel before it filled with its weights."""
 from __future__ import annotations
 
 from typing import Callable
