@@ -103,7 +103,7 @@ def producer_writes(arrays: list[np.ndarray]) -> Callable[[], None]:
     """A call that writes the arrays over again with their own values, from this thread, as the op before a kernel
     leaves its inputs in a model: just written, dirty in one core's cache. A kernel's threads on the other cores read
     them from there, not from their own caches as after a warm call; on a Zen 5 host (2 threads) BERT-base's FFN
-    down projection as tuned warm took 1.18-1.20 ms on inputs it had read last and 1.48-1.63 ms on inputs so written
+    down projection as tuned warm took 1.18-1.20 ms on inputs it had read last and 1.48-1.68 ms on inputs so written
     (1.45-1.61 ms after the up projection that writes them in the model), while a config that reads its A in longer
     runs took 1.21 and 1.22-1.23 ms (in some phases of the host; in others all four ran alike)."""
     sources = [array.copy() for array in arrays]
