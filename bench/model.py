@@ -17,13 +17,20 @@ from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Callable, ContextManager
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from search_space import Target
-from workers.reference import head_to_head
+from workers.reference import alternating_samples, paired_ratio
 
 INDUCTOR_WAYS = ("inductor", "inductor_max_autotune")
+# ROUNDS rounds (`--rounds`), each way's sample in a round at least SAMPLE_MS of calls after SETTLE_SECONDS' pause.
+# Every way runs on PyTorch's one OpenMP pool, which the next way takes over, so the pause is short, and many short
+# rounds are affordable: on an Intel host whose neighbours slowed it in phases, bert-layer's eager/tensortune ratio
+# ranged 0.67-1.11 over six runs of 5 rounds of 200 ms (0.2 s pauses), 1.08-1.19 over six of 25 rounds of 40 ms
+# (0.04 s pauses), for the same time.
+ROUNDS, SAMPLE_MS, SETTLE_SECONDS = 25, 40.0, 0.04
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +60,7 @@ def ways(model, db: str | None, target: str, inductor: bool, max_autotune: bool)
 
 
 def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None, target: str = "llvm",
-                       rounds: int = 5, inductor: bool = True, max_autotune: bool = False,
+                       rounds: int = ROUNDS, inductor: bool = True, max_autotune: bool = False,
                        profile: bool = False, dtype: str = "float32", training: bool = False) -> list[dict]:
     """One row per entry of `inputs_at` (sequence length → example inputs, as frontend.presets.load_model_at gives
     them): each way's latency (ms) and its ratio to eager, tensortune's against the faster Inductor way, the
@@ -96,8 +103,8 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
         rows = []
         for length, inputs in inputs_at.items():
             calls = {way: (lambda run=how.run: call(run, inputs)) for way, how in runs.items()}
-            seconds = head_to_head(calls, threads, rounds=rounds, min_repeat_ms=200)
-            rows.append(timing_row(name, length, threads, target, seconds, compile_seconds,
+            samples = alternating_samples(calls, threads, rounds, SAMPLE_MS, SETTLE_SECONDS)
+            rows.append(timing_row(name, length, threads, target, samples, compile_seconds,
                                    max_difference(outputs["tensortune"][length], outputs["eager"][length]))
                         | {"rounds": rounds} | ({"training": True} if training else {}))
             if wide:
@@ -110,22 +117,26 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
     return rows
 
 
-def timing_row(name: str, length: int | None, threads: int, target: str, seconds: dict[str, float],
+def timing_row(name: str, length: int | None, threads: int, target: str, samples: dict[str, list[float]],
                compile_seconds: dict[str, float], max_error: float) -> dict:
+    """Each way's samples (ms, a round each) and their median, and its speedup over eager (and tensortune's over the
+    faster Inductor way) as the median of the rounds' ratios (`paired_ratio`)."""
     row = {"model": name, "seq_len": length, "threads": threads, "target": target,
            "compile_seconds": {way: value for way, value in compile_seconds.items() if way != "eager"},
            "max_error": max_error}
+    row["samples_ms"] = {way: [round(value * 1e3, 6) for value in values] for way, values in samples.items()}
+    seconds = {way: float(np.median(values)) for way, values in samples.items()}
     for way, value in seconds.items():
         row[f"{way}_ms"] = round(value * 1e3, 3)
-        row[f"{way}_speedup"] = round(seconds["eager"] / value, 3)
+        row[f"{way}_speedup"] = round(paired_ratio(samples, "eager", way), 3)
     inductors = [way for way in INDUCTOR_WAYS if way in seconds]
     if inductors:
         row["fastest_inductor"] = min(inductors, key=seconds.get)
-        row["tensortune_vs_inductor"] = round(seconds[row["fastest_inductor"]] / seconds["tensortune"], 3)
+        row["tensortune_vs_inductor"] = round(paired_ratio(samples, row["fastest_inductor"], "tensortune"), 3)
     return row
 
 
-def measure_model(name: str, model, inputs: tuple, db: str | None = None, target: str = "llvm", rounds: int = 5,
+def measure_model(name: str, model, inputs: tuple, db: str | None = None, target: str = "llvm", rounds: int = ROUNDS,
                   inductor: bool = True) -> dict:
     """`measure_at_lengths` at the one size of `inputs`."""
     return measure_at_lengths(name, model, {None: inputs}, db, target, rounds, inductor)[0]
@@ -167,7 +178,7 @@ def tensors(output) -> list:
 
 def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool, inductor: bool = True,
         max_autotune: bool = False, profile: bool = False, dtype: str = "float32", training: bool = False,
-        rounds: int = 5) -> list[dict]:
+        rounds: int = ROUNDS) -> list[dict]:
     """Time each of `models` (name → (model, inputs by sequence length), as frontend.presets.load_model_at gives
     them) in `rounds` alternating rounds: one row per model and length, each naming the malloc every way ran under
     (bench.allocator); with `profile`, each row also holds its tuned ops' times beside PyTorch's (bench.profile) and

@@ -55,7 +55,8 @@ def run(model_name: str, model, inputs: tuple, checkpoints: tuple[int, ...] = (1
                                          inductor=False)
                 rows.append({"model": model_name, "strategy": strategy, "trials": checkpoint,
                              "estimated_ms": round(estimated[checkpoint] * 1e3, 3), "eager_ms": measured["eager_ms"],
-                             "tensortune_ms": measured["tensortune_ms"], "speedup": measured["tensortune_speedup"]})
+                             "tensortune_ms": measured["tensortune_ms"], "speedup": measured["tensortune_speedup"],
+                             "samples_ms": measured["samples_ms"]})
                 if json_lines:
                     print(json.dumps(rows[-1]), flush=True)
     if not json_lines:

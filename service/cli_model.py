@@ -24,8 +24,9 @@ MODEL_DTYPES = FLOATING + ("int8",)
 CHANNELS_LAST_OPTION = typer.Option(False, "--channels-last", help="the model and its 4-D inputs in PyTorch's "
                                     "channels_last memory format, as advised for a convolutional network on CPUs "
                                     "(eager and Inductor then run it so too)")
-ROUNDS_OPTION = typer.Option(5, "--rounds", min=1, help="alternating rounds each way is timed in, its median over "
-                             "them the figure (more where neighbours slow a host in phases)")
+ROUNDS_OPTION = typer.Option(25, "--rounds", min=1, help="alternating rounds each way is timed in (bench.model.ROUNDS): "
+                             "its median over them the figure, the median of the rounds' ratios its speedup (more "
+                             "where neighbours slow a host in phases)")
 TRAINING_OPTION = typer.Option(False, "--training", help="a training step (forward with grad enabled, then backward) "
                                                          "instead of inference: float32")
 

@@ -179,7 +179,14 @@ def torch_epilogue(name: str) -> Callable:
 
 def head_to_head(calls: dict[str, Callable], threads: int, rounds: int = 5, min_repeat_ms: float = 20.0,
                  settle_seconds: float = 0.2) -> dict[str, float]:
-    """Median seconds per call of each contender, timed in alternating rounds.
+    """Median seconds per call of each contender, timed in alternating rounds (`alternating_samples`)."""
+    samples = alternating_samples(calls, threads, rounds, min_repeat_ms, settle_seconds)
+    return {name: float(np.median(values)) for name, values in samples.items()}
+
+
+def alternating_samples(calls: dict[str, Callable], threads: int, rounds: int, min_repeat_ms: float = 20.0,
+                        settle_seconds: float = 0.2) -> dict[str, list[float]]:
+    """Seconds per call of each contender, one sample a round, in `rounds` rounds that time every contender in turn.
 
     Each sample waits `settle_seconds` first: a thread pool keeps spinning for a while after its
     last call (OpenBLAS's for ~0.1 s), and on two cores a spinning pool of the previous
@@ -196,4 +203,11 @@ def head_to_head(calls: dict[str, Callable], threads: int, rounds: int = 5, min_
                     call()  # warm-up, so that the count is of warm calls
                     numbers[name] = calls_per_sample(call, min_repeat_ms)
                 samples[name] += time_samples(call, repeat=1, number=numbers[name])
-    return {name: float(np.median(values)) for name, values in samples.items()}
+    return samples
+
+
+def paired_ratio(samples: dict[str, list[float]], numerator: str, denominator: str) -> float:
+    """The median over rounds of `numerator`'s seconds over `denominator`'s in the same round (`alternating_samples`):
+    a slow phase of the host that spans a round slows both sides of its ratio alike, where a ratio of two medians
+    may take its sides from rounds of different phases."""
+    return float(np.median(np.divide(samples[numerator], samples[denominator])))
