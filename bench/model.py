@@ -28,8 +28,8 @@ INDUCTOR_WAYS = ("inductor", "inductor_max_autotune")
 # ROUNDS rounds (`--rounds`), each way's sample in a round at least SAMPLE_MS of calls after SETTLE_SECONDS' pause.
 # Every way runs on PyTorch's one OpenMP pool, which the next way takes over, so the pause is short, and many short
 # rounds are affordable: on an Intel host whose neighbours slowed it in phases, bert-layer's eager/tensortune ratio
-# ranged 0.67-1.11 over six runs of 5 rounds of 200 ms (0.2 s pauses), 1.08-1.19 over six of 25 rounds of 40 ms
-# (0.04 s pauses), for the same time.
+# ranged 0.67-1.30 over twelve runs of 5 rounds of 200 ms (0.2 s pauses), 1.07-1.19 over twelve of 25 rounds of
+# 40 ms (0.04 s pauses), for the same time.
 ROUNDS, SAMPLE_MS, SETTLE_SECONDS = 25, 40.0, 0.04
 
 
