@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from search_space import Target
-from workers.reference import alternating_samples, paired_ratio
+from workers.reference import alternating_samples, round_ratios
 
 INDUCTOR_WAYS = ("inductor", "inductor_max_autotune")
 # ROUNDS rounds (`--rounds`), each way's sample in a round at least SAMPLE_MS of calls after SETTLE_SECONDS' pause.
@@ -120,7 +120,7 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
 def timing_row(name: str, length: int | None, threads: int, target: str, samples: dict[str, list[float]],
                compile_seconds: dict[str, float], max_error: float) -> dict:
     """Each way's samples (ms, a round each) and their median, and its speedup over eager (and tensortune's over the
-    faster Inductor way) as the median of the rounds' ratios (`paired_ratio`)."""
+    faster Inductor way): the median of the rounds' ratios (`round_ratios`), and their quartiles (`_ratio`)."""
     row = {"model": name, "seq_len": length, "threads": threads, "target": target,
            "compile_seconds": {way: value for way, value in compile_seconds.items() if way != "eager"},
            "max_error": max_error}
@@ -128,12 +128,19 @@ def timing_row(name: str, length: int | None, threads: int, target: str, samples
     seconds = {way: float(np.median(values)) for way, values in samples.items()}
     for way, value in seconds.items():
         row[f"{way}_ms"] = round(value * 1e3, 3)
-        row[f"{way}_speedup"] = round(paired_ratio(samples, "eager", way), 3)
+        row[f"{way}_speedup"], row[f"{way}_speedup_spread"] = _ratio(samples, "eager", way)
     inductors = [way for way in INDUCTOR_WAYS if way in seconds]
     if inductors:
         row["fastest_inductor"] = min(inductors, key=seconds.get)
-        row["tensortune_vs_inductor"] = round(paired_ratio(samples, row["fastest_inductor"], "tensortune"), 3)
+        row["tensortune_vs_inductor"], row["tensortune_vs_inductor_spread"] = _ratio(
+            samples, row["fastest_inductor"], "tensortune")
     return row
+
+
+def _ratio(samples: dict[str, list[float]], numerator: str, denominator: str) -> tuple[float, list[float]]:
+    """The median of the rounds' ratios, and their quartiles: a ratio whose middle half straddles 1 is no lead."""
+    low, median, high = np.percentile(round_ratios(samples, numerator, denominator), (25, 50, 75))
+    return round(float(median), 3), [round(float(low), 3), round(float(high), 3)]
 
 
 def measure_model(name: str, model, inputs: tuple, db: str | None = None, target: str = "llvm", rounds: int = ROUNDS,
@@ -204,15 +211,16 @@ def run(models: dict[str, tuple], db: str | None, target: str, json_lines: bool,
 
 def print_table(rows: list[dict]) -> None:
     table = Table(title="models: eager PyTorch, Inductor (default; max-autotune with freezing) and tensortune, "
-                        "same run; speedup over eager, and tensortune over the faster Inductor")
+                        "same run; speedup over eager, and tensortune over the faster Inductor: the median of the "
+                        "rounds' ratios (their middle half)")
     for column in ("model", "seq", "threads", "eager ms", "Inductor ms", "max-autotune ms", "tensortune ms",
                    "speedup", "vs Inductor", "max error"):
         table.add_column(column)
     for r in rows:
         table.add_row(r["model"] + (" (training step)" if r.get("training") else ""), str(r["seq_len"] or "-"), str(r["threads"]), f"{r['eager_ms']:.2f}",
                       *(f"{r[key]:.2f}" if key in r else "-" for key in ("inductor_ms", "inductor_max_autotune_ms")),
-                      f"{r['tensortune_ms']:.2f}", f"{r['tensortune_speedup']:.2f}x",
-                      f"{r['tensortune_vs_inductor']:.2f}x" if "tensortune_vs_inductor" in r else "-",
+                      f"{r['tensortune_ms']:.2f}", _with_spread(r, "tensortune_speedup"),
+                      _with_spread(r, "tensortune_vs_inductor") if "tensortune_vs_inductor" in r else "-",
                       f"{r['max_error']:.1e}")
     Console().print(table)
     for r in rows:
@@ -220,3 +228,8 @@ def print_table(rows: list[dict]) -> None:
             at = f" at seq {r['seq_len']}" if r["seq_len"] else ""
             print(f"{r['model']}{at} in {r['dtype']}: largest difference from the float32 model's output, eager "
                   f"{r['eager_float32_error']:.1e}, tensortune {r['tensortune_float32_error']:.1e}")
+
+
+def _with_spread(row: dict, key: str) -> str:
+    low, high = row[f"{key}_spread"]
+    return f"{row[key]:.2f}x ({low:.2f}-{high:.2f})"

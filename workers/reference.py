@@ -206,8 +206,8 @@ def alternating_samples(calls: dict[str, Callable], threads: int, rounds: int, m
     return samples
 
 
-def paired_ratio(samples: dict[str, list[float]], numerator: str, denominator: str) -> float:
-    """The median over rounds of `numerator`'s seconds over `denominator`'s in the same round (`alternating_samples`):
-    a slow phase of the host that spans a round slows both sides of its ratio alike, where a ratio of two medians
-    may take its sides from rounds of different phases."""
-    return float(np.median(np.divide(samples[numerator], samples[denominator])))
+def round_ratios(samples: dict[str, list[float]], numerator: str, denominator: str) -> np.ndarray:
+    """Each round's ratio of `numerator`'s seconds to `denominator`'s (`alternating_samples`): a slow phase of the
+    host that spans a round slows both sides of its ratio alike, where a ratio of two medians may take its sides
+    from rounds of different phases."""
+    return np.divide(samples[numerator], samples[denominator])
