@@ -134,7 +134,7 @@ def test_tune_model_tunes_every_task_then_times_the_model(tmp_path):
     # a sample of each way a round: its median the figure, the median of the rounds' ratios its speedup
     samples = {way: np.array(row["samples_ms"][way]) for way in ways}
     assert set(row["samples_ms"]) == set(ways) and all(len(values) == 3 for values in samples.values())
-    quartiles = lambda ratios: pytest.approx(np.percentile(ratios, (25, 50, 75)), rel=2e-3)
+    quartiles = lambda ratios: pytest.approx(np.percentile(ratios, (25, 50, 75)), abs=6e-4)  # rounded to 3 places
     for way in ways:
         assert row[f"{way}_ms"] == pytest.approx(np.median(samples[way]), abs=2e-3)
         low, high = row[f"{way}_speedup_spread"]
@@ -277,7 +277,7 @@ def test_bench_scheduler_compares_both_strategies_at_a_checkpoint(tmp_path):
     assert all(0 < r["estimated_ms"] < 1e3 and r["eager_ms"] > 0 and r["tensortune_ms"] > 0 for r in rows)
     # each speedup is the median of the rounds' ratios (bench model's)
     ratios = [np.median(np.divide(r["samples_ms"]["eager"], r["samples_ms"]["tensortune"])) for r in rows]
-    assert all(r["speedup"] == pytest.approx(ratio, rel=2e-3) for r, ratio in zip(rows, ratios))
+    assert all(r["speedup"] == pytest.approx(ratio, abs=6e-4) for r, ratio in zip(rows, ratios))  # rounded to 3 places
 
 
 def test_tune_model_tunes_every_sequence_length_under_one_budget(tmp_path):
