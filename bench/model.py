@@ -231,5 +231,6 @@ def print_table(rows: list[dict]) -> None:
 
 
 def _with_spread(row: dict, key: str) -> str:
+    """A ratio of the row (`_ratio`) with its middle half: `1.28x (1.05-1.41)`."""
     low, high = row[f"{key}_spread"]
     return f"{row[key]:.2f}x ({low:.2f}-{high:.2f})"

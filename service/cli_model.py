@@ -147,9 +147,10 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
                                   inductor=False, training=training):
         at = f"seq_len {row['seq_len']}: " if row["seq_len"] else ""
         at += "training step: " if training else ""
-        print(f"{at}eager PyTorch {row['eager_ms']:.2f} ms, tensortune {row['tensortune_ms']:.2f} ms "
-              f"({row['tensortune_speedup']:.2f}x), measured together in this run; "
-              f"max difference {row['max_error']:.1e}")
+        low, high = row["tensortune_speedup_spread"]
+        print(f"{at}eager PyTorch {row['eager_ms']:.2f} ms, tensortune {row['tensortune_ms']:.2f} ms, measured "
+              f"together in this run: {row['tensortune_speedup']:.2f}x, the median of the rounds' ratios ({rounds} "
+              f"rounds, their middle half {low:.2f}-{high:.2f}); max difference {row['max_error']:.1e}")
 
 
 def bench_model(models: List[str] = typer.Argument(..., help=MODEL_HELP),
