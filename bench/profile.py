@@ -56,11 +56,13 @@ def onednn_packed(workload: Workload, inputs: list) -> Callable | None:
     the epilogue a fused post-op. Dense as `torch.ops.mkldnn._linear_pointwise` (its weight reordered for the batch
     size); conv2d as `_convolution_pointwise` on channels-last data (the layout Inductor keeps a convolutional
     network's activations in), its output channels-last too, the residual a fused binary add (max-autotune runs
-    ResNet-18 as 12 such calls and 8 that add in place into the residual's buffer). None for other ops, int8 and a
-    PyTorch without oneDNN."""
+    ResNet-18 as 12 such calls and 8 that add in place into the residual's buffer). None for other ops, int8, a
+    PyTorch without oneDNN, and bfloat16 on a CPU where oneDNN has no bf16 path (one without AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT, such as a Zen 3: there Inductor picks no oneDNN op for bf16 either, and the reorder fails)."""
     import torch
 
-    if workload.op not in ("dense", "conv2d") or workload.dtype == "int8" or not torch.backends.mkldnn.is_available():
+    if (workload.op not in ("dense", "conv2d") or workload.dtype == "int8" or not torch.backends.mkldnn.is_available()
+            or workload.dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         return None
     named = torch_operands(workload, inputs)
     p, bias = workload.p, named.get("bias")
