@@ -26,9 +26,10 @@ from search_space import (Config, InvalidConfig, Target, TargetError, Workload, 
                           fallback_config, get_space, matmul, seed_configs)
 from search_space.templates import TEMPLATES
 from workers import build, openblas
-from workers.reference import head_to_head, inference_call, reference_calls
+from workers.reference import alternating_samples, head_to_head, inference_call, median_ratio, reference_calls
 from workers.task import MeasureOptions, timed_call
 
+from .model import with_spread
 from .peak import family_peak_call, family_peaks, launch_microseconds
 
 MIN_REPEAT_MS = {True: 10.0, False: 30.0}  # by --quick
@@ -77,7 +78,7 @@ def try_config(workload: Workload, target: Target, config: Config, inputs, expec
 
 FINALISTS = 4  # the fastest configs of a search, timed again against each other
 LEADERS = 3  # the descent steps from the neighbours of this many of the fastest configs so far
-FIGURES = ("GFLOPS", "NumPy", "PyTorch", "ratio", "of peak", "config")  # the table's columns after the workload
+FIGURES = ("GFLOPS", "NumPy", "PyTorch", "ratio", "peak", "config")  # the table's columns after the workload
 UNBOUNDED = 10_000  # a console width no table here reaches
 
 
@@ -131,10 +132,11 @@ def fastest_again(workload: Workload, target: Target, finalists: list[Measured],
 
 def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quick: bool,
                 peaks: dict[str, float] | None = None, transplanted: Sequence[Config] = ()) -> dict:
-    """Search one shape, then time the best config head to head with the references and with the peak kernel of
-    its instruction family (where `peaks` has one): a shared host's neighbours slow a timing by up to a half, in
-    phases of seconds (an Intel AMX host: its tile-product peak 1018 GFLOPS in one minute, 2232 in another), so
-    its fraction of the peak is of a peak measured in the same rounds."""
+    """Search one shape, then time the best config in alternating rounds with the references and with the peak
+    kernel of its instruction family (where `peaks` has one). Its ratio to the faster reference, and its fraction of
+    the peak, are each the median of the rounds' ratios (`median_ratio`), with their middle half: a shared host's
+    neighbours slow a timing by up to a half, in phases of seconds (an Intel AMX host: its tile-product peak 1018
+    GFLOPS in one minute, 2232 in another), and a phase that spans a round slows both sides of its ratio alike."""
     start = time.perf_counter()
     best, tried = search(workload, target, trials, seed, MIN_REPEAT_MS[quick], transplanted)
     inputs = workload.random_inputs()
@@ -143,19 +145,24 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
     calls = {"tensortune": ours} | reference_calls(workload, target.threads, inputs)
     if family in (peaks or {}):  # none for int8's `widen` where it splits bytes (not x86)
         calls["peak"], peak_flops = family_peak_call(target, family)
-    seconds = head_to_head(calls, target.threads, rounds=3 if quick else 7, min_repeat_ms=MIN_REPEAT_MS[quick])
-    peak = peak_flops / seconds.pop("peak") / 1e9 if "peak" in seconds else None
+    samples = alternating_samples(calls, target.threads, 3 if quick else 7, MIN_REPEAT_MS[quick])
+    seconds = {name: float(np.median(values)) for name, values in samples.items()}
     gflops = {name: workload.flops / s / 1e9 for name, s in seconds.items()}
+    faster = np.min([samples[name] for name in ("numpy", "torch") if name in samples], axis=0)  # a round's
+    ratio, ratio_spread = median_ratio(samples | {"reference": faster}, "reference", "tensortune")
+    fraction, fraction_spread = (median_ratio(samples, "peak", "tensortune", workload.flops / peak_flops)
+                                 if "peak" in samples else (None, None))
     return {
         "workload": workload.key, "threads": target.threads, "gflops": round(gflops["tensortune"], 2),
         "numpy_gflops": round(gflops["numpy"], 2) if "numpy" in gflops else None,
         "torch_gflops": round(gflops["torch"], 2) if "torch" in gflops else None,
-        "ratio": round(gflops["tensortune"] / max(gflops.get("numpy", 0), gflops.get("torch", 0)), 3),
+        "ratio": ratio, "ratio_spread": ratio_spread,
+        "samples_ms": {name: [round(value * 1e3, 6) for value in values] for name, values in samples.items()},
         "config": {"index": best.config.index, "knobs": best.config.to_dict()},
         "compile_ms": round(best.kernel.compile_seconds * 1e3, 1), "candidates": tried,
         "search_seconds": round(time.perf_counter() - start, 1), "target": str(target),
-        "family": family, "peak_gflops": peak and round(peak, 2),
-        "peak_fraction": peak and round(gflops["tensortune"] / peak, 3),
+        "family": family, "peak_gflops": round(peak_flops / seconds["peak"] / 1e9, 2) if "peak" in seconds else None,
+        "peak_fraction": fraction, "peak_fraction_spread": fraction_spread,
     }
 
 
@@ -201,16 +208,17 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
 
 def print_table(rows: list[dict]) -> None:
     """A table per target. A workload's label wraps at its spaces where the console is too narrow for it (a fused
-    conv2d's at 80 columns takes a few lines, and rows then stand a blank line apart), never cut."""
+    conv2d's at 80 columns takes a few lines, and rows then stand a blank line apart), never cut; so does a ratio's
+    middle half, below its median."""
     console = Console()
     for target in dict.fromkeys(r["target"] for r in rows):
-        table = Table("workload", *(Column(name, no_wrap=True) for name in FIGURES), box=box.SIMPLE_HEAD,
+        table = Table("workload", *(Column(name, no_wrap=name != "ratio") for name in FIGURES), box=box.SIMPLE_HEAD,
                       title=f"tensortune kernels vs references (same run) on {Target.parse(target).label}")
         for r in rows:
             if r["target"] == target:
                 table.add_row(Workload.from_key(r["workload"]).label, f"{r['gflops']:.1f}",
                               f"{r['numpy_gflops']:.1f}" if r["numpy_gflops"] else "-",
-                              f"{r['torch_gflops']:.1f}" if r["torch_gflops"] else "-", f"{r['ratio']:.2f}",
+                              f"{r['torch_gflops']:.1f}" if r["torch_gflops"] else "-", with_spread(r, "ratio"),
                               f"{r['peak_fraction']:.0%}" if r["peak_fraction"] else "-", str(r["config"]["index"]))
         unwrapped = console.measure(table, options=console.options.update_width(UNBOUNDED)).maximum
         table.leading = int(unwrapped > console.width)

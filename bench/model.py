@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from search_space import Target
-from workers.reference import alternating_samples, round_ratios
+from workers.reference import alternating_samples, median_ratio
 
 INDUCTOR_WAYS = ("inductor", "inductor_max_autotune")
 # ROUNDS rounds (`--rounds`), each way's sample in a round at least SAMPLE_MS of calls after SETTLE_SECONDS' pause.
@@ -120,7 +120,7 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
 def timing_row(name: str, length: int | None, threads: int, target: str, samples: dict[str, list[float]],
                compile_seconds: dict[str, float], max_error: float) -> dict:
     """Each way's samples (ms, a round each) and their median, and its speedup over eager (and tensortune's over the
-    faster Inductor way): the median of the rounds' ratios (`round_ratios`), and their quartiles (`_ratio`)."""
+    faster Inductor way): the median of the rounds' ratios, and their quartiles (`median_ratio`)."""
     row = {"model": name, "seq_len": length, "threads": threads, "target": target,
            "compile_seconds": {way: value for way, value in compile_seconds.items() if way != "eager"},
            "max_error": max_error}
@@ -128,19 +128,13 @@ def timing_row(name: str, length: int | None, threads: int, target: str, samples
     seconds = {way: float(np.median(values)) for way, values in samples.items()}
     for way, value in seconds.items():
         row[f"{way}_ms"] = round(value * 1e3, 3)
-        row[f"{way}_speedup"], row[f"{way}_speedup_spread"] = _ratio(samples, "eager", way)
+        row[f"{way}_speedup"], row[f"{way}_speedup_spread"] = median_ratio(samples, "eager", way)
     inductors = [way for way in INDUCTOR_WAYS if way in seconds]
     if inductors:
         row["fastest_inductor"] = min(inductors, key=seconds.get)
-        row["tensortune_vs_inductor"], row["tensortune_vs_inductor_spread"] = _ratio(
+        row["tensortune_vs_inductor"], row["tensortune_vs_inductor_spread"] = median_ratio(
             samples, row["fastest_inductor"], "tensortune")
     return row
-
-
-def _ratio(samples: dict[str, list[float]], numerator: str, denominator: str) -> tuple[float, list[float]]:
-    """The median of the rounds' ratios, and their quartiles: a ratio whose middle half straddles 1 is no lead."""
-    low, median, high = np.percentile(round_ratios(samples, numerator, denominator), (25, 50, 75))
-    return round(float(median), 3), [round(float(low), 3), round(float(high), 3)]
 
 
 def measure_model(name: str, model, inputs: tuple, db: str | None = None, target: str = "llvm", rounds: int = ROUNDS,
@@ -219,8 +213,8 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         table.add_row(r["model"] + (" (training step)" if r.get("training") else ""), str(r["seq_len"] or "-"), str(r["threads"]), f"{r['eager_ms']:.2f}",
                       *(f"{r[key]:.2f}" if key in r else "-" for key in ("inductor_ms", "inductor_max_autotune_ms")),
-                      f"{r['tensortune_ms']:.2f}", _with_spread(r, "tensortune_speedup"),
-                      _with_spread(r, "tensortune_vs_inductor") if "tensortune_vs_inductor" in r else "-",
+                      f"{r['tensortune_ms']:.2f}", with_spread(r, "tensortune_speedup"),
+                      with_spread(r, "tensortune_vs_inductor") if "tensortune_vs_inductor" in r else "-",
                       f"{r['max_error']:.1e}")
     Console().print(table)
     for r in rows:
@@ -230,7 +224,7 @@ def print_table(rows: list[dict]) -> None:
                   f"{r['eager_float32_error']:.1e}, tensortune {r['tensortune_float32_error']:.1e}")
 
 
-def _with_spread(row: dict, key: str) -> str:
-    """A ratio of the row (`_ratio`) with its middle half: `1.28x (1.05-1.41)`."""
+def with_spread(row: dict, key: str) -> str:
+    """A ratio of the row (`median_ratio`) with its middle half: `1.28x (1.05-1.41)`."""
     low, high = row[f"{key}_spread"]
     return f"{row[key]:.2f}x ({low:.2f}-{high:.2f})"

@@ -206,8 +206,12 @@ def alternating_samples(calls: dict[str, Callable], threads: int, rounds: int, m
     return samples
 
 
-def round_ratios(samples: dict[str, list[float]], numerator: str, denominator: str) -> np.ndarray:
-    """Each round's ratio of `numerator`'s seconds to `denominator`'s (`alternating_samples`): a slow phase of the
-    host that spans a round slows both sides of its ratio alike, where a ratio of two medians may take its sides
-    from rounds of different phases."""
-    return np.divide(samples[numerator], samples[denominator])
+def median_ratio(samples: dict[str, list[float]], numerator: str, denominator: str, scale: float = 1.0
+                 ) -> tuple[float, list[float]]:
+    """The median of the rounds' ratios of `numerator`'s seconds to `denominator`'s (`alternating_samples`), times
+    `scale`, and their quartiles, each to 3 places: a slow phase of the host that spans a round slows both sides of
+    its ratio alike, where a ratio of two medians may take its sides from rounds of different phases; a ratio whose
+    middle half straddles 1 is no lead."""
+    ratios = np.divide(samples[numerator], samples[denominator]) * scale
+    low, median, high = (round(float(value), 3) for value in np.percentile(ratios, (25, 50, 75)))
+    return median, [low, high]
