@@ -113,7 +113,7 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
         for row, inputs in zip(rows if profile else [], inputs_at.values()):  # after timing: it adds graphs
             in_model = in_model_seconds(runs["tensortune"].run, inputs)
             row["profile"] = profile_tasks(extract_tasks(model, inputs), in_model, db, target)
-            row["outside_ms"] = outside(row, row["profile"])
+            row["outside_ms"] = outside(row, row["profile"], in_model["forwards"])
     return rows
 
 

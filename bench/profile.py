@@ -9,13 +9,14 @@ linear or convolution, what Inductor's max-autotune with freezing runs for it wh
 dense beside MKL's packed GEMM, max-autotune's other choice for it where PyTorch has MKL (on an Intel Xeon it picked
 MKL's for BERT's float32 products over its C++ template, 0.50 ms against 1.19 for 128×768×768). Counted as
 often as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the
-kernels do not account for of tensortune's time in the model is the time outside them; eager's is estimated from
-its operators' times alone. Beside the time in the model is the one tuning measured for the stored best (its
+kernels do not account for of tensortune's forwards is the time outside them, both timed in the same forwards;
+eager's is estimated from its operators' times alone. Beside the time in the model is the one tuning measured for the stored best (its
 protocol's, workers.task.MeasureOptions): how well tuning predicted the model. Part of tensortune's is its own: the
 backend's Python work before each kernel call (the glue column), which in a model finds the caches cold that the
 kernel before it filled with its weights."""
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import numpy as np
@@ -96,17 +97,21 @@ def mkl_packed(workload: Workload, inputs: list) -> Callable | None:
     return lambda: activation(torch.ops.mkl._mkl_linear(x, packed, w, bias, x.shape[0]))
 
 
-def in_model_seconds(compiled, inputs: tuple) -> dict[str, dict[str, float]]:
+def in_model_seconds(compiled, inputs: tuple) -> dict:
     """Seconds per call of each tuned kernel (by workload key), and of the backend's Python work before it, each
-    the median over FORWARDS calls of the compiled model: {"kernel": {key: s}, "glue": {key: s}}."""
+    the median over FORWARDS calls of the compiled model, and each forward's seconds beside its kernels' seconds:
+    {"kernel": {key: s}, "glue": {key: s}, "forwards": [(forward s, kernels s), ...]}."""
     from frontend.backend import kernel_clock
 
     compiled(*inputs)  # compiled and warm before the clock
+    forwards = []
     with kernel_clock() as seconds:
         for _ in range(FORWARDS):
+            before, start = sum(map(sum, seconds.values())), time.perf_counter()
             compiled(*inputs)
+            forwards.append((time.perf_counter() - start, sum(map(sum, seconds.values())) - before))
     median = lambda timed: {name[len(PREFIX):]: float(np.median(values)) for name, values in timed.items()}
-    return {"kernel": median(seconds), "glue": median(seconds.glue)}
+    return {"kernel": median(seconds), "glue": median(seconds.glue), "forwards": forwards}
 
 
 def profile_tasks(tasks, in_model: dict[str, dict[str, float]], db: str | None, target: str) -> list[dict]:
@@ -147,13 +152,18 @@ def tuned_seconds(db: str | None, target: Target, workloads: list[Workload]) -> 
     return {workload.key: best[0].result.median for workload in workloads if (best := database.best(workload, target))}
 
 
-def outside(model_row: dict, ops: list[dict]) -> dict:
-    """Each way's model time not spent in the tuned ops, in ms: tensortune's from its kernels' times in the model
-    (and of it, the backend's Python work before each kernel: "tensortune_glue"), eager's from its operators'
-    times alone."""
+def outside(model_row: dict, ops: list[dict], forwards: list[tuple[float, float]]) -> dict:
+    """Each way's model time not spent in the tuned ops, in ms. Tensortune's: the median over the profiled forwards
+    of a forward's time less its kernels' (the model timed apart from its kernels, in other seconds of a shared host,
+    made it 0.72-2.75 ms of bert-layer's ~15 in three runs on a Zen 3, the same forwards 1.23-1.49), beside the median
+    forward ("tensortune_forward"), every forward's pair ("tensortune_forwards"), and the backend's Python work
+    before each kernel, part of it ("tensortune_glue"). Eager's: its model time less its operators' times alone."""
     per_forward = lambda key: sum(op["weight"] * (op[key] or 0.0) for op in ops) / 1e3
     operators = sum(op["weight"] * op["torch_us"] for op in ops) / 1e3
-    return {"tensortune": round(model_row["tensortune_ms"] - per_forward("in_model_us"), 3),
+    walls, kernels = np.array(forwards).T * 1e3
+    return {"tensortune": round(float(np.median(walls - kernels)), 3),
+            "tensortune_forward": round(float(np.median(walls)), 3),
+            "tensortune_forwards": [[round(float(w), 4), round(float(k), 4)] for w, k in zip(walls, kernels)],
             "tensortune_glue": round(per_forward("glue_us"), 3), "eager": round(model_row["eager_ms"] - operators, 3)}
 
 
@@ -171,7 +181,8 @@ def print_profile(row: dict) -> None:
                       f"{op['tensortune_us']:.1f}", f"{op['torch_us']:.1f}",
                       f"{op['torch_us'] / op['tensortune_us']:.2f}x", f"{op['loss_ms']:+.3f}", *packed)
     Console().print(table)
-    print(f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms of {row['tensortune_ms']:.2f} "
-          f"(its kernels as timed in the model; of it {row['outside_ms']['tensortune_glue']:.2f} ms the backend's "
+    print(f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms of "
+          f"{row['outside_ms']['tensortune_forward']:.2f} (a forward less its kernels, in the same {FORWARDS} forwards; "
+          f"of it {row['outside_ms']['tensortune_glue']:.2f} ms the backend's "
           f"Python work before each kernel, the glue column), eager {row['outside_ms']['eager']:.2f} ms of "
           f"{row['eager_ms']:.2f} (its operators as timed alone)")
