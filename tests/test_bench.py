@@ -42,12 +42,16 @@ def assert_figures_come_from_the_rounds(row: dict) -> None:
     assert rounds == {3}, rounds  # --quick
     flops = Workload.from_key(row["workload"]).flops
     assert row["gflops"] == pytest.approx(flops / np.median(samples["tensortune"]) / 1e6, rel=1e-4, abs=0.005)
-    quartiles = lambda ratios: pytest.approx(np.percentile(ratios, (25, 50, 75)), rel=1e-4, abs=6e-4)
+    def assert_quartiles(key: str, ratios: np.ndarray, rtol: float = 1e-4) -> None:
+        stated = [row[f"{key}_spread"][0], row[key], row[f"{key}_spread"][1]]
+        assert np.allclose(stated, np.percentile(ratios, (25, 50, 75)), rtol=rtol, atol=6e-4), (key, stated, ratios)
+
     faster = np.min([samples[way] for way in ("numpy", "torch") if way in samples], axis=0)
-    assert [row["ratio_spread"][0], row["ratio"], row["ratio_spread"][1]] == quartiles(faster / samples["tensortune"])
+    assert_quartiles("ratio", faster / samples["tensortune"])
+    # the peak's flops from its GFLOPS, to 2 places: a peak slowed to a few GFLOPS by the other test process is off
     peak_flops = row["peak_gflops"] * 1e6 * np.median(samples["peak"])
-    fractions = samples["peak"] / samples["tensortune"] * flops / peak_flops
-    assert [row["peak_fraction_spread"][0], row["peak_fraction"], row["peak_fraction_spread"][1]] == quartiles(fractions)
+    assert_quartiles("peak_fraction", samples["peak"] / samples["tensortune"] * flops / peak_flops,
+                     1e-4 + 0.005 / row["peak_gflops"])
     assert row["ratio_spread"][0] <= row["ratio"] <= row["ratio_spread"][1]
 
 
