@@ -148,7 +148,7 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
     samples = alternating_samples(calls, target.threads, 3 if quick else 7, MIN_REPEAT_MS[quick])
     seconds = {name: float(np.median(values)) for name, values in samples.items()}
     gflops = {name: workload.flops / s / 1e9 for name, s in seconds.items()}
-    faster = np.min([samples[name] for name in ("numpy", "torch") if name in samples], axis=0)  # a round's
+    faster = np.min([samples[name] for name in ("numpy", "torch") if name in samples], axis=0)  # in each round
     ratio, ratio_spread = median_ratio(samples | {"reference": faster}, "reference", "tensortune")
     fraction, fraction_spread = (median_ratio(samples, "peak", "tensortune", workload.flops / peak_flops)
                                  if "peak" in samples else (None, None))

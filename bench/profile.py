@@ -10,10 +10,10 @@ dense beside MKL's packed GEMM, max-autotune's other choice for it where PyTorch
 MKL's for BERT's float32 products over its C++ template, 0.50 ms against 1.19 for 128×768×768). Counted as
 often as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the
 kernels do not account for of tensortune's forwards is the time outside them, both timed in the same forwards;
-eager's is estimated from its operators' times alone. Beside the time in the model is the one tuning measured for the stored best (its
-protocol's, workers.task.MeasureOptions): how well tuning predicted the model. Part of tensortune's is its own: the
-backend's Python work before each kernel call (the glue column), which in a model finds the caches cold that the
-kernel before it filled with its weights."""
+eager's is estimated from its operators' times alone. Beside the time in the model is the one tuning measured for
+the stored best (its protocol's, workers.task.MeasureOptions): how well tuning predicted the model. Part of
+tensortune's is its own: the backend's Python work before each kernel call (the glue column), which in a model finds
+the caches cold that the kernel before it filled with its weights."""
 from __future__ import annotations
 
 import time
@@ -114,7 +114,7 @@ def in_model_seconds(compiled, inputs: tuple) -> dict:
     return {"kernel": median(seconds), "glue": median(seconds.glue), "forwards": forwards}
 
 
-def profile_tasks(tasks, in_model: dict[str, dict[str, float]], db: str | None, target: str) -> list[dict]:
+def profile_tasks(tasks, in_model: dict, db: str | None, target: str) -> list[dict]:
     """Per task: µs per call in the model (its kernel, and the backend's Python work before it) and alone, PyTorch's
     alone (and oneDNN's packed op's, for dense and conv2d; MKL's packed GEMM's, for a float32 dense), and the ms per
     forward pass tensortune loses alone against PyTorch (negative: wins); the largest loss first."""
@@ -182,7 +182,7 @@ def print_profile(row: dict) -> None:
                       f"{op['torch_us'] / op['tensortune_us']:.2f}x", f"{op['loss_ms']:+.3f}", *packed)
     Console().print(table)
     print(f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms of "
-          f"{row['outside_ms']['tensortune_forward']:.2f} (a forward less its kernels, in the same {FORWARDS} forwards; "
-          f"of it {row['outside_ms']['tensortune_glue']:.2f} ms the backend's "
+          f"{row['outside_ms']['tensortune_forward']:.2f} (a forward less its kernels, in the same {FORWARDS} "
+          f"forwards; of it {row['outside_ms']['tensortune_glue']:.2f} ms the backend's "
           f"Python work before each kernel, the glue column), eager {row['outside_ms']['eager']:.2f} ms of "
           f"{row['eager_ms']:.2f} (its operators as timed alone)")
