@@ -42,6 +42,7 @@ def assert_figures_come_from_the_rounds(row: dict) -> None:
     assert rounds == {3}, rounds  # --quick
     flops = Workload.from_key(row["workload"]).flops
     assert row["gflops"] == pytest.approx(flops / np.median(samples["tensortune"]) / 1e6, rel=1e-4, abs=0.005)
+
     def assert_quartiles(key: str, ratios: np.ndarray, rtol: float = 1e-4) -> None:
         stated = [row[f"{key}_spread"][0], row[key], row[f"{key}_spread"][1]]
         assert np.allclose(stated, np.percentile(ratios, (25, 50, 75)), rtol=rtol, atol=6e-4), (key, stated, ratios)

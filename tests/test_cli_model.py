@@ -378,7 +378,8 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     table = capsys.readouterr().out
     assert "dense M=4 N=32 K=16 bias=true epilogue=relu" in table and "MKL packed µs" in table
     outside = row["outside_ms"]
-    assert f"outside the tuned ops: tensortune {outside['tensortune']:.2f} ms of {outside['tensortune_forward']:.2f}" in table
+    said = f"outside the tuned ops: tensortune {outside['tensortune']:.2f} ms of {outside['tensortune_forward']:.2f}"
+    assert said in table
     assert "glue µs" in table and f"of it {glue:.2f} ms the backend's Python work before each kernel" in table
     assert "as tuned µs" in table and all(f"{op['tuned_us']:.1f}" in table for op in ops)
 
