@@ -6,8 +6,8 @@ warmed up (compiled) before any is timed. In bfloat16 every way runs the model c
 tensortune's largest differences from the float32 model's output say what the cast costs. In int8 eager is the
 model quantize_dynamic quantized (PyTorch's int8 linears), tensortune the same model on int8 kernels. With
 `training`, each way runs a training step: the forward with grad enabled, then the backward of every output
-summed (the model's own mode kept: a model in eval mode steps without dropout). Every way is called from a frame-stack
-chunk of its own, so that none pays for the depth it is called at (frontend.frame_stack)."""
+summed (the model's own mode kept: a model in eval mode steps without dropout). Every way is called a few frames into
+a frame-stack chunk that stays mapped, so that none pays for the depth it is called at (frontend.frame_stack)."""
 from __future__ import annotations
 
 import dataclasses
@@ -73,7 +73,7 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
     import torch
 
     from frontend import extract_tasks
-    from frontend.frame_stack import call_on_fresh_chunk
+    from frontend.frame_stack import call_on_runner_stack
     from frontend.presets import in_dtype
 
     from .profile import in_model_seconds, outside, profile_tasks
@@ -87,7 +87,7 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
     # Dynamo does not trace quantize_dynamic's modules: Inductor would run an int8 model as eager does
     runs = ways(model, db, target, inductor and dtype != "int8", max_autotune and not training)
     step = (lambda run, inputs: train_step(model, run, inputs)) if training else (lambda run, inputs: run(*inputs))
-    call = lambda run, inputs: call_on_fresh_chunk(step, (run, inputs))  # noqa: E731
+    call = lambda run, inputs: call_on_runner_stack(step, (run, inputs))  # noqa: E731
     grad_mode = torch.enable_grad if training else torch.inference_mode
     outputs, compile_seconds = {}, {}
     # Dynamo's recompile limit (8) counts every way's graphs together, a static one and a dynamic one each

@@ -44,7 +44,7 @@ from search_space import Target
 from . import inductor
 from .autograd import gradients
 from .capture import Captured
-from .frame_stack import on_fresh_chunk
+from .frame_stack import on_runner_stack
 from .patterns import Match, find_matches, traced
 from .shapes import Kernels, Product, Run, ShapeDispatch
 
@@ -237,8 +237,8 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
     """Substitute the graph's tuned ops, their kernels chosen from the stored configs of `db` for `target`:
     those of static sizes now (the ones with none stored named in one summary, not in apply_history_best's
     warning for each), the others at their first call. With graph_mode "inductor", Inductor compiles the rest
-    of the graph around them; with "eager", the graph's own forward runs it op by op. Either is called on a
-    frame-stack chunk of its own (frontend.frame_stack)."""
+    of the graph around them; with "eager", the graph's own forward runs it op by op. Either is called a few
+    frames into a frame-stack chunk that stays mapped (frontend.frame_stack)."""
     if graph_mode not in GRAPH_MODES:
         raise ValueError(f"tensortune backend: option graph is {graph_mode!r}; it takes {' or '.join(GRAPH_MODES)}")
     captured = Captured(graph, list(example_inputs))
@@ -254,10 +254,10 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
     kernels.prepare(workload for match in matches if match.workload is not None for workload in match.workloads)
     module = substitute(captured, matches, kernels)
     if graph_mode == "inductor":
-        return on_fresh_chunk(inductor.compile_around(module, example_inputs))
+        return on_runner_stack(inductor.compile_around(module, example_inputs))
     # autograd reaches tuned gradients only through the custom operator; the module holds the ops it calls by id
     module.differentiated = inductor.to_operator_calls(module, lambda op: any(op.grads))
-    return on_fresh_chunk(module.forward)
+    return on_runner_stack(module.forward)
 
 
 def tensortune(graph: fx.GraphModule, example_inputs: list, options: dict | None = None):

@@ -5,9 +5,11 @@ it returns. Where a compiled graph's function sits near the end of a chunk, ever
 a forward) crosses into a new chunk and back: mmap, page faults, munmap and a TLB shootdown on the core running the
 kernel's other thread, each time. Whether a process meets it depends only on how deep its caller's stack is: BERT-base
 at sequence 32 on a 2-core Zen 5 ran 22.7-26.7 ms a forward from `tensortune bench model` and 15.7-18.3 from a
-script calling the same function (19,800 page faults in 10 s of timing against 2,900). `on_fresh_chunk` calls the
-graph from a frame larger than a standard chunk, so CPython maps that frame a chunk of its own (32 KiB) and the graph
-runs in the 16 KiB left above it: one chunk mapped a call, at a depth its callers cannot move.
+script calling the same function (19,800 page faults in 10 s of timing against 2,900). `on_runner_stack` calls the
+graph in a greenlet kept for the thread: a greenlet has a frame stack of its own, whose first chunk CPython never
+unmaps, so the graph runs a few frames into a chunk that stays mapped between calls, at a depth its callers cannot
+move. (A frame of a whole chunk's slots did the same by mapping a chunk a call: 18-22 µs a forward on a Zen 4, ~100
+on a Zen 3 VM, where the munmap's TLB shootdown reaches the kernel's spinning threads.)
 """
 from __future__ import annotations
 
@@ -16,44 +18,62 @@ import sys
 import threading
 from typing import Callable
 
-CHUNK_SLOTS = 16 * 1024 // 8  # pointers in CPython's standard data-stack chunk (DATA_STACK_CHUNK_SIZE)
 THRASHES = sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:2] < (3, 13)
+if THRASHES:
+    from greenlet import getcurrent, greenlet
 
 
-def _trampoline() -> Callable:
-    """`call(fn, args)`: fn(*args) from a frame of a whole standard chunk of local slots (names only deleted in
-    dead code, so none is ever set)."""
-    names = ", ".join(f"_{index}" for index in range(CHUNK_SLOTS))
-    namespace: dict = {}
-    exec(f"def call(fn, args):\n    if False:\n        del {names}\n    return fn(*args)\n", namespace)
-    return namespace["call"]
+def _serve():
+    """The runner's life: each call's outcome switched back to its caller, which sends the next call. It starts with
+    no arguments, and the outcome goes in a list the caller empties, so that the runner, waiting, holds nothing of a
+    call alive (greenlet keeps the arguments it started with until it ends)."""
+    fn, args, caller = getcurrent().parent.switch()
+    while True:
+        try:
+            outcome = [True, fn(*args)]
+        except BaseException as error:  # raised again in the caller, with this traceback
+            outcome = [False, error]
+        del fn, args
+        fn, args, caller = caller.switch(outcome)
 
 
-TRAMPOLINE = _trampoline() if THRASHES else None
-_ON_FRESH = threading.local()  # `inside`: this thread runs within a trampoline's chunk
+class _Runners(threading.local):
+    """Each thread's runner (greenlets switch only within their thread)."""
+    runner = None
 
 
-def call_on_fresh_chunk(fn: Callable, args: tuple):
-    """fn(*args), from the top of a data-stack chunk of its own where CPython thrashes. A call already within one
-    (a compiled graph timed by bench model, which calls every way so) runs where it is, a few frames into a fresh
-    chunk: mapping a chunk costs 18-22 µs a call on a 2-core Zen 4, as much as a small model's two tuned ops."""
-    if TRAMPOLINE is None or getattr(_ON_FRESH, "inside", False):
+_RUNNERS = _Runners()
+
+
+def call_on_runner_stack(fn: Callable, args: tuple):
+    """fn(*args), a few frames into a data-stack chunk that stays mapped, where CPython thrashes. A call already in
+    the runner (a compiled graph timed by bench model, which calls every way so) runs where it is. The runner runs in
+    its caller's contextvars context (the kernel clock's variable read, any other set as in a plain call)."""
+    if not THRASHES:
         return fn(*args)
-    _ON_FRESH.inside = True
-    try:
-        return TRAMPOLINE(fn, args)
-    finally:
-        _ON_FRESH.inside = False
+    runner, caller = _RUNNERS.runner, getcurrent()
+    if caller is runner:
+        return fn(*args)
+    if runner is None or runner.dead:
+        runner = _RUNNERS.runner = greenlet(_serve)
+        runner.switch()  # to its first wait
+    runner.gr_context = caller.gr_context
+    outcome = runner.switch(fn, args, caller)
+    ok, result = outcome
+    outcome.clear()
+    if not ok:
+        raise result
+    return result
 
 
-def on_fresh_chunk(fn: Callable) -> Callable:
-    """`fn`, called as call_on_fresh_chunk calls it (`fn` itself where CPython does not thrash). Attributes of `fn`
+def on_runner_stack(fn: Callable) -> Callable:
+    """`fn`, called as call_on_runner_stack calls it (`fn` itself where CPython does not thrash). Attributes of `fn`
     (Dynamo's `_boxed_call`) carry over."""
-    if TRAMPOLINE is None:
+    if not THRASHES:
         return fn
 
     @functools.wraps(fn)
     def called(*args):
-        return call_on_fresh_chunk(fn, args)
+        return call_on_runner_stack(fn, args)
 
     return called
