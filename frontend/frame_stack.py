@@ -8,8 +8,9 @@ at sequence 32 on a 2-core Zen 5 ran 22.7-26.7 ms a forward from `tensortune ben
 script calling the same function (19,800 page faults in 10 s of timing against 2,900). `on_runner_stack` calls the
 graph in a greenlet kept for the thread: a greenlet has a frame stack of its own, whose first chunk CPython never
 unmaps, so the graph runs a few frames into a chunk that stays mapped between calls, at a depth its callers cannot
-move. (A frame of a whole chunk's slots did the same by mapping a chunk a call: 18-22 µs a forward on a Zen 4, ~100
-on a Zen 3 VM, where the munmap's TLB shootdown reaches the kernel's spinning threads.)
+move. A call costs the two switches, ~1 µs on a Zen 4; the frame of a whole chunk's slots that did the same before
+mapped a chunk a call: 16-20 µs and 5 page faults on that Zen 4, ~100 µs a forward on a Zen 3 VM, where the munmap's
+TLB shootdown reaches the kernel's spinning threads.
 """
 from __future__ import annotations
 
