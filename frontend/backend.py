@@ -8,7 +8,8 @@ with the best stored config for the target, else one borrowed from the nearest t
 one (tuner/predict.py), else the template's fallback, said in one line per graph (per new size at run time) on the `tensortune.frontend`
 logger, which prints the bare line where logging is not configured. Sizes Dynamo traced symbolic (after
 seeing them change) are dispatched on at run time; the kernels of static sizes are built with the graph.
-Weights are bound (packed) once per size, so the compiled model assumes them fixed, as inference does; Dynamo
+Weights are bound (packed) once per size, so the compiled model assumes them fixed, as inference does (and refuses
+to run on one changed in place since: frontend/bound_weights.py); Dynamo
 is asked to guard on the identity of each of the model's tensors the graph reads (as it does for Inductor's
 freezing), so another instance of the same module class, with weights of its own, is compiled anew rather than
 run on the first instance's kernels.
@@ -43,6 +44,7 @@ from search_space import Target
 
 from . import inductor
 from .autograd import gradients
+from .bound_weights import bound_tensors, checking_weights
 from .capture import Captured
 from .frame_stack import on_runner_stack
 from .patterns import Match, find_matches, traced
@@ -238,7 +240,8 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
     those of static sizes now (the ones with none stored named in one summary, not in apply_history_best's
     warning for each), the others at their first call. With graph_mode "inductor", Inductor compiles the rest
     of the graph around them; with "eager", the graph's own forward runs it op by op. Either is called a few
-    frames into a frame-stack chunk that stays mapped (frontend.frame_stack)."""
+    frames into a frame-stack chunk that stays mapped (frontend.frame_stack), after a check that the weights its
+    kernels bound are unchanged (frontend.bound_weights)."""
     if graph_mode not in GRAPH_MODES:
         raise ValueError(f"tensortune backend: option graph is {graph_mode!r}; it takes {' or '.join(GRAPH_MODES)}")
     captured = Captured(graph, list(example_inputs))
@@ -252,12 +255,13 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
                     f"casts their inputs): {'; '.join(dict.fromkeys(match.label for match in untrained))}")
     kernels = Kernels(db, Target.parse(target))
     kernels.prepare(workload for match in matches if match.workload is not None for workload in match.workloads)
+    bound = bound_tensors(captured, matches)
     module = substitute(captured, matches, kernels)
     if graph_mode == "inductor":
-        return on_runner_stack(inductor.compile_around(module, example_inputs))
+        return on_runner_stack(checking_weights(inductor.compile_around(module, example_inputs), bound))
     # autograd reaches tuned gradients only through the custom operator; the module holds the ops it calls by id
     module.differentiated = inductor.to_operator_calls(module, lambda op: any(op.grads))
-    return on_runner_stack(module.forward)
+    return on_runner_stack(checking_weights(module.forward, bound))
 
 
 def tensortune(graph: fx.GraphModule, example_inputs: list, options: dict | None = None):

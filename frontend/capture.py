@@ -12,7 +12,9 @@ from torch.utils._pytree import tree_map_only
 
 @dataclass
 class Captured:
-    """One FX graph of the model and the example tensors of its placeholders, in order."""
+    """One FX graph of the model and the example tensors of its placeholders, in order; which of the model's tensors
+    were read as constants (`read`, in order), and those a rewrite's new tensor was computed from (`derived`), so
+    that each match knows the model tensors its bound weights come from."""
 
     graph: fx.GraphModule
     inputs: list
@@ -20,6 +22,13 @@ class Captured:
     def __post_init__(self):
         placeholders = [node for node in self.graph.graph.nodes if node.op == "placeholder"]
         self.placeholder_values = dict(zip(placeholders, self.inputs))
+        self.read: list[fx.Node] = []
+        self.derived: dict[fx.Node, list[fx.Node]] = {}
+
+    def sources(self, nodes) -> tuple[fx.Node, ...]:
+        """The model's tensors (placeholders) these constants are or were computed from."""
+        found = [source for node in nodes for source in self.derived.get(node, [node]) if source.op == "placeholder"]
+        return tuple(dict.fromkeys(found))
 
 
 def capture(model: torch.nn.Module, example_inputs: tuple, grad: bool = False) -> list[Captured]:

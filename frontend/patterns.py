@@ -95,6 +95,7 @@ class Match:
     view: fx.Node | None = None  # one of `nodes`, a reshape between the kernel and its fused epilogue
     grads: tuple[bool, ...] = ()  # the activations whose gradients tuned products compute (find_matches sets it)
     strides: tuple | None = None  # the activations' strides as traced, where the form reads views
+    sources: tuple[fx.Node, ...] = ()  # the model's tensors its weights are bound from (find_matches sets it)
     workload: Workload | None = field(init=False)
 
     def __post_init__(self):
@@ -225,6 +226,7 @@ def constant(node, captured: Captured, integer: bool = False) -> np.ndarray | No
         return None
     if node.op == "placeholder" and get_static_address_type(value) is None:  # Dynamo marks the model's own tensors
         return None
+    captured.read.append(node)
     return numpy_array(value.detach().contiguous())
 
 
@@ -445,13 +447,14 @@ def same_shape(first: Shape | None, second: Shape | None) -> bool:
 
 def fold_batch_norm(node: fx.Node, weight: np.ndarray, bias: np.ndarray | None, captured: Captured):
     """(weight, bias) of the convolution with an inference-mode BatchNorm folded in, computed in float32 and kept
-    in the weight's dtype; None when it cannot be."""
+    in the weight's dtype; None when it cannot be. Its tensors are read only where it folds (a training BatchNorm
+    changes its statistics at every call: they are no bound weights)."""
     args = list(node.args) + [None] * (8 - len(node.args))
-    mean, var, gamma, beta = (constant(args[i] if args[i] is not None else node.kwargs.get(name), captured)
-                              for i, name in ((1, "running_mean"), (2, "running_var"), (3, "weight"), (4, "bias")))
+    read = lambda i, name: constant(args[i] if args[i] is not None else node.kwargs.get(name), captured)
     training, eps = node.kwargs.get("training", args[5]), node.kwargs.get("eps", args[7] if args[7] is not None else 1e-5)
-    if training or mean is None or var is None:
+    if training or (mean := read(1, "running_mean")) is None or (var := read(2, "running_var")) is None:
         return None
+    gamma, beta = read(3, "weight"), read(4, "bias")
     wide = lambda array, default=0.0: np.asarray(array, np.float32) if array is not None else default
     scale = wide(gamma, 1.0) / np.sqrt(wide(var) + np.float32(eps))
     shift = wide(beta) - wide(mean) * scale
@@ -476,12 +479,15 @@ def find_matches(captured: Captured) -> list[Match]:
             continue
         for targets, methods, matcher in MATCHERS:
             if calls(node, targets, methods):
+                read = len(captured.read)
                 try:
                     match = matcher(node, scan)
                 except (WorkloadError, VaryingShape) as error:
                     refused.setdefault(str(error), []).append(op_label(node))
                     match = None
                 if match is not None:
+                    if match.weights:
+                        match.sources = captured.sources(captured.read[read:])
                     if match.needs_grad and differentiable(match, captured):
                         match.grads = tuple(requires_grad(node) for node in match.activations)
                     found.append(match)

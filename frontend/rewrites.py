@@ -54,10 +54,12 @@ class Editor:
             node.meta["example_value"] = target(*fake_args, **fake_kwargs)
         return node
 
-    def attribute(self, name: str, value: torch.Tensor) -> fx.Node:
-        """A tensor the graph module holds from now on, read by a get_attr node."""
+    def attribute(self, name: str, value: torch.Tensor, sources: list[fx.Node]) -> fx.Node:
+        """A tensor the graph module holds from now on, read by a get_attr node, computed from the model's tensors
+        `sources` read."""
         self.captured.graph.register_buffer(name, value)
         node = self.graph.get_attr(name)
+        self.captured.derived[node] = sources
         node.meta["example_value"] = self.mode.from_tensor(value, static_shapes=True)
         return node
 
@@ -218,6 +220,13 @@ def fuse_linears(x: fx.Node, edit: Editor) -> bool:
     return True
 
 
+def constants_read(nodes: list[fx.Node], captured: Captured) -> list[fx.Node]:
+    """The nodes' arguments that were read as the model's constant tensors (their weights, biases and scales)."""
+    read = set(captured.read)
+    arguments = (arg for node in nodes for arg in (*node.args, *node.kwargs.values()))
+    return [arg for arg in arguments if isinstance(arg, fx.Node) and arg in read]
+
+
 def fuse(members: list[tuple[fx.Node, np.ndarray, np.ndarray | None]], edit: Editor, product) -> None:
     """The members' (node, weight, bias) as one `product(nodes, weight, bias)` of their weights and biases (zero where
     a member has none) concatenated, split back along N for their readers. The parts stay views of the fused result
@@ -232,9 +241,11 @@ def fuse(members: list[tuple[fx.Node, np.ndarray, np.ndarray | None]], edit: Edi
     bias_dtype = np.float32 if members[0][1].dtype == np.int8 else members[0][1].dtype  # int8's biases are float32
     biases = [bias if bias is not None else np.zeros(width, bias_dtype) for (_, _, bias), width in zip(members, widths)]
     has_bias = any(bias is not None for _, _, bias in members)
+    sources = constants_read(nodes, edit.captured)
     with edit.graph.inserting_before(nodes[0]):
-        bias = edit.attribute(f"fused_{nodes[0].name}_bias", torch_tensor(np.concatenate(biases))) if has_bias else None
-        fused = product(nodes, edit.attribute(f"fused_{nodes[0].name}_weight", weight), bias)
+        bias = edit.attribute(f"fused_{nodes[0].name}_bias", torch_tensor(np.concatenate(biases)),
+                              sources) if has_bias else None
+        fused = product(nodes, edit.attribute(f"fused_{nodes[0].name}_weight", weight, sources), bias)
         split = edit.call(torch.split, (fused, widths), nodes[0], {"dim": -1})
         parts = [edit.call(operator.getitem, (split, index), node) for index, node in enumerate(nodes)]
         parts = [part if all(view_safe(reader, width) for reader in node.users) else
@@ -283,7 +294,8 @@ def fuse_quantized_linears(quantize: fx.Node, edit: Editor) -> None:
         return
     # the scales in the order `fuse` concatenates the weights: the graph's
     w_scale = lambda nodes: edit.attribute(f"fused_{nodes[0].name}_w_scale",
-                                           torch_tensor(np.concatenate([scales[node] for node in nodes])))
+                                           torch_tensor(np.concatenate([scales[node] for node in nodes])),
+                                           constants_read(nodes, edit.captured))
     fuse(members, edit, lambda nodes, weight, bias: edit.call(
         nodes[0].target, (*results, weight, w_scale(nodes), bias), nodes[0], stack=common_stack(nodes)))
 
