@@ -24,7 +24,7 @@ class WeightsChanged(RuntimeError):
 
 class Bound(NamedTuple):
     position: int  # among the graph's inputs
-    name: str  # the model's name for it, as Dynamo's source gives it
+    name: str  # its state_dict key (else Dynamo's name for it)
     version: int  # its in-place change count when bound
 
 

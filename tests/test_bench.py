@@ -136,6 +136,18 @@ def test_bench_noise_traces_both_kernels_and_finds_slow_phases():
     assert "slow (>10%) 50% of the time, in 2 phase(s) of 1-2 measurements" in line
 
 
+def test_bench_frame_stack_finds_the_thrash_plainly_and_none_through_the_runner():
+    """Page faults are counts, not timings: at the caller depth where a plain graph call maps chunks, the runner's
+    maps none."""
+    from bench.frame_stack import CALLS, measure
+    from frontend.frame_stack import THRASHES
+    if not THRASHES:
+        pytest.skip("this Python keeps a spare chunk (3.13+): nothing thrashes")
+    row = measure(rounds=1, repeat=5)
+    assert row["plain"]["faults"] >= CALLS and row["runner"]["faults"] < CALLS / 10
+    assert row["plain"]["us"] > 0 and row["runner"]["us"] > 0
+
+
 def test_bench_kernels_search_measures_the_templates_seeds_first():
     """With a budget of the fallback and the seeds, those are what the search measures, as the tuner's first batch."""
     from bench.kernels import search

@@ -7,15 +7,10 @@ import weakref
 
 import pytest
 
+from bench.frame_stack import DEPTHS, at_depth, callee
 from frontend.frame_stack import THRASHES, call_on_runner_stack, on_runner_stack
 
 CALLS = 200
-
-
-def callee():
-    """A call with a frame of a few hundred bytes, as a tuned op's Python is."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = None  # noqa: F841
-    return None
 
 
 def graph():
@@ -26,13 +21,9 @@ def graph():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
-def at_depth(depth: int, fn):
-    return fn() if depth == 0 else at_depth(depth - 1, fn)
-
-
 def worst_depth(fn) -> int:
     """The most page faults `fn` takes over the caller depths of one chunk (16 KiB of frames of ~100 bytes)."""
-    return max(at_depth(depth, fn) for depth in range(0, 200))
+    return max(at_depth(depth, fn) for depth in range(DEPTHS))
 
 
 @pytest.mark.skipif(not THRASHES, reason="this Python keeps a spare chunk (3.13+): nothing to work around")
