@@ -51,8 +51,8 @@ def faults(call) -> int:
 
 @pytest.mark.skipif(not THRASHES, reason="this Python keeps a spare chunk (3.13+): nothing to work around")
 def test_no_chunk_is_mapped_a_call_from_outside_the_runner_or_within_it():
-    """The runner's chunk stays mapped between calls (a frame of a chunk's slots mapped one every call, 18-22 µs a
-    forward on a Zen 4); bench model calls every way through it, and a graph wrapped again runs where it is."""
+    """The runner's chunk stays mapped between calls (a frame of a chunk's slots mapped one every call, 16-20 µs on a
+    Zen 4); bench model calls every way through it, and a graph wrapped again runs where it is."""
     assert faults(lambda: on_runner_stack(callee)()) < CALLS // 10
     assert faults(lambda: call_on_runner_stack(on_runner_stack(callee), ())) < CALLS // 10
 
