@@ -8,8 +8,8 @@ with the best stored config for the target, else one borrowed from the nearest t
 one (tuner/predict.py), else the template's fallback, said in one line per graph (per new size at run time) on the `tensortune.frontend`
 logger, which prints the bare line where logging is not configured. Sizes Dynamo traced symbolic (after
 seeing them change) are dispatched on at run time; the kernels of static sizes are built with the graph.
-Weights are bound (packed) once per size, so the compiled model assumes them fixed, as inference does (and refuses
-to run on one changed in place since: frontend/bound_weights.py); Dynamo
+Weights are bound (packed) once per size, and bound again where one was changed in place since
+(frontend/bound_weights.py); Dynamo
 is asked to guard on the identity of each of the model's tensors the graph reads (as it does for Inductor's
 freezing), so another instance of the same module class, with weights of its own, is compiled anew rather than
 run on the first instance's kernels.
@@ -25,6 +25,8 @@ gradients. The rest of the graph is compiled by Inductor, the tuned ops opaque c
 """
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import operator
 import time
@@ -44,7 +46,7 @@ from search_space import Target
 
 from . import inductor
 from .autograd import gradients
-from .bound_weights import bound_tensors, checking_weights
+from .bound_weights import bound_tensors, checking_weights, rebind
 from .capture import Captured
 from .frame_stack import on_runner_stack
 from .patterns import Match, find_matches, traced
@@ -95,6 +97,12 @@ class TunedOp(torch.nn.Module):
         if self.static:  # bind the kernel now, not at the first call
             self.sizes.run(match.shapes, match.strides)
         self.straight: Run | None | bool = None  # the run `into` calls straight, False where there is none
+
+    def rebind(self, match: Match) -> None:
+        """The weights of `match` (the same op, matched again on the model's weights as they are now) bound instead;
+        the straight launch found again at the next call."""
+        self.sizes.rebind(match.weights)
+        self.straight = None
 
     def result_shape(self, *activations: torch.Tensor) -> tuple:
         """The result's shape in the model, from the activations' (symbolic sizes included)."""
@@ -241,9 +249,10 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
     warning for each), the others at their first call. With graph_mode "inductor", Inductor compiles the rest
     of the graph around them; with "eager", the graph's own forward runs it op by op. Either is called a few
     frames into a frame-stack chunk that stays mapped (frontend.frame_stack), after a check that the weights its
-    kernels bound are unchanged (frontend.bound_weights)."""
+    kernels bound are unchanged, which binds them again where they changed (frontend.bound_weights)."""
     if graph_mode not in GRAPH_MODES:
         raise ValueError(f"tensortune backend: option graph is {graph_mode!r}; it takes {' or '.join(GRAPH_MODES)}")
+    pristine = copy.deepcopy(graph.graph)  # matched again where weights change in place (frontend.bound_weights)
     captured = Captured(graph, list(example_inputs))
     guard_model_tensors(captured)
     matches, untrained = [], []
@@ -257,11 +266,13 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
     kernels.prepare(workload for match in matches if match.workload is not None for workload in match.workloads)
     bound = bound_tensors(captured, matches)
     module = substitute(captured, matches, kernels)
+    ops = [child for child in module.children() if isinstance(child, TunedOp)]  # in the matches' order
+    rebinding = functools.partial(rebind, graph, pristine, ops)
     if graph_mode == "inductor":
-        return on_runner_stack(checking_weights(inductor.compile_around(module, example_inputs), bound))
+        return on_runner_stack(checking_weights(inductor.compile_around(module, example_inputs), bound, rebinding))
     # autograd reaches tuned gradients only through the custom operator; the module holds the ops it calls by id
     module.differentiated = inductor.to_operator_calls(module, lambda op: any(op.grads))
-    return on_runner_stack(checking_weights(module.forward, bound))
+    return on_runner_stack(checking_weights(module.forward, bound, rebinding))
 
 
 def tensortune(graph: fx.GraphModule, example_inputs: list, options: dict | None = None):

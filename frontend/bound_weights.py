@@ -1,30 +1,40 @@
-"""A compiled graph refuses to run on weights that changed after its tuned kernels bound them.
+"""A compiled graph whose bound weights were changed in place binds them again before its next call.
 
 Tuned ops bind packed copies of the model's weights (fused, cast, a BatchNorm folded in) when the graph is compiled,
-as TVM binds a model's params at build and Inductor's freezing folds them. A weight changed in place afterwards
-(`load_state_dict`, an optimizer step, `weight.mul_(2)`) keeps its identity, so Dynamo's guards pass, and the kernels
-would go on computing with the old values. PyTorch counts every in-place change of a tensor (`_version`); the
-graph reads the counters of the tensors its ops bound before each call and raises WeightsChanged, naming one, rather
-than return a result from stale weights."""
+as TVM binds a model's params at build. A weight changed in place afterwards (`load_state_dict`, an optimizer step,
+`weight.mul_(2)`) keeps its identity, so Dynamo's guards pass, and the kernels would go on computing with the old
+values (Inductor's freezing does). PyTorch counts every in-place change of a tensor (`_version`): before each call
+the graph reads the counters of the tensors its ops bound, and where one moved it matches its graph again, as Dynamo
+gave it, on the tensors as they are now, and each tuned op binds its match's weights, fused, cast and folded as at
+compile time. A graph that no longer matches as it did (Dynamo's guards on the tensors' shapes and dtypes leave that
+to a change they do not see) raises WeightsChanged rather than compute with stale weights.
+"""
 from __future__ import annotations
 
+import copy
 import functools
-import re
-from typing import Callable, NamedTuple
+import threading
+from typing import Callable, NamedTuple, Protocol, Sequence
 
-import torch
+from torch import fx
 
 from .capture import Captured
-from .patterns import Match
+from .patterns import Match, find_matches
 
 
 class WeightsChanged(RuntimeError):
-    """A model tensor a tuned kernel bound was changed in place after the graph was compiled."""
+    """The model's tensors a tuned kernel bound were changed in place after the graph was compiled, and the graph no
+    longer matches as it did."""
+
+
+class Rebindable(Protocol):
+    label: str
+
+    def rebind(self, match: Match) -> None: ...
 
 
 class Bound(NamedTuple):
     position: int  # among the graph's inputs
-    name: str  # its state_dict key (else Dynamo's name for it)
     version: int  # its in-place change count when bound
 
 
@@ -33,38 +43,40 @@ def bound_tensors(captured: Captured, matches: list[Match]) -> list[Bound]:
     inference mode counts no changes, and cannot be changed outside it: none of those."""
     positions = {node: position for position, node in enumerate(captured.placeholder_values)}
     sources = dict.fromkeys(source for match in matches for source in match.sources)
-    bound = []
-    for node in sources:
-        value = captured.placeholder_values[node]
-        if isinstance(value, torch.Tensor) and not value.is_inference():
-            source = getattr(node.meta.get("grapharg"), "source", None)
-            bound.append(Bound(positions[node], state_dict_key(source.name) if source is not None else node.name,
-                               value._version))
-    return bound
+    values = {node: captured.placeholder_values[node] for node in sources}
+    return [Bound(positions[node], value._version) for node, value in values.items() if not value.is_inference()]
 
 
-def state_dict_key(source: str) -> str:
-    """The model's state_dict key of Dynamo's source name for one of its tensors (`L['self']._modules['0']
-    ._parameters['weight']`: `0.weight`), or the source name where it is not one."""
-    key = re.fullmatch(r"L\['\w+'\]((?:\._(?:modules|parameters|buffers)\['[^']+'\])+)", source)
-    return ".".join(re.findall(r"\['([^']+)'\]", key.group(1))) if key else source
+def rebind(root: fx.GraphModule, pristine: fx.Graph, ops: Sequence[Rebindable], inputs: Sequence) -> None:
+    """Each op bound again to the weights of its match in the graph as Dynamo gave it (`pristine`, before rewrites
+    and substitution; `root` holds what it reads), matched again on `inputs`, the tensors as they are now."""
+    captured = Captured(fx.GraphModule(root, copy.deepcopy(pristine)), list(inputs))
+    matches = [match for match in find_matches(captured) if not match.untrained]
+    if [match.label for match in matches] != [op.label for op in ops]:
+        raise WeightsChanged(f"tensortune: the model's tensors were changed in place after the model was compiled, "
+                             f"and its graph no longer matches as it did ({', '.join(op.label for op in ops)}); call "
+                             f"torch._dynamo.reset() and run the compiled model again, to compile it anew")
+    for op, match in zip(ops, matches):
+        op.rebind(match)
 
 
-def checking_weights(fn: Callable, bound: list[Bound]) -> Callable:
-    """`fn`, raising WeightsChanged before a call where a bound tensor has changed since (`fn` itself where none is
-    bound). Dynamo calls a backend's graph with its inputs as arguments."""
+def checking_weights(fn: Callable, bound: list[Bound], rebinding: Callable[[Sequence], None]) -> Callable:
+    """`fn`, before each call of which the weights are bound again (`rebinding(inputs)`) where a bound tensor has
+    changed since (`fn` itself where none is bound). Dynamo calls a backend's graph with its inputs as arguments."""
     if not bound:
         return fn
+    lock = threading.Lock()
+
+    def changed(inputs) -> bool:
+        return any(inputs[position]._version != version for position, version in bound)
 
     @functools.wraps(fn)
     def checked(*inputs):
-        for position, name, version in bound:
-            if inputs[position]._version != version:
-                raise WeightsChanged(
-                    f"tensortune: the model's tensor {name} was changed in place after the model was compiled "
-                    f"(load_state_dict, an optimizer step, an in-place op), and its tuned kernels hold a copy of the "
-                    f"old values; call torch._dynamo.reset() and run the compiled model again, to compile it with the "
-                    f"new ones")
+        if changed(inputs):
+            with lock:
+                if changed(inputs):
+                    rebinding(inputs)
+                    bound[:] = [tensor._replace(version=inputs[tensor.position]._version) for tensor in bound]
         return fn(*inputs)
 
     return checked

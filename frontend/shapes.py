@@ -296,6 +296,13 @@ class ShapeDispatch:
         self.bound: dict[Workload, object] = {}
         self._lock = threading.Lock()
 
+    def rebind(self, weights: dict[str, np.ndarray]) -> None:
+        """Bind these weights instead, each workload's kernel at its next call (the model's changed in place)."""
+        with self._lock:
+            self.weights = weights
+            self.runs.clear()
+            self.bound.clear()
+
     def run(self, shapes: tuple, strides: tuple | None = None) -> Run:
         """The run for these activation shapes (tuples or torch.Size, which hash alike) and, where the form reads
         views, their strides (None for one that must be copied)."""
