@@ -252,7 +252,9 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
     kernels bound are unchanged, which binds them again where they changed (frontend.bound_weights)."""
     if graph_mode not in GRAPH_MODES:
         raise ValueError(f"tensortune backend: option graph is {graph_mode!r}; it takes {' or '.join(GRAPH_MODES)}")
-    pristine = copy.deepcopy(graph.graph)  # matched again where weights change in place (frontend.bound_weights)
+    # matched again where weights change in place (frontend.bound_weights): a copy that holds none of what the
+    # rewrites add to `graph` (concatenated weights)
+    pristine = fx.GraphModule(graph, copy.deepcopy(graph.graph))
     captured = Captured(graph, list(example_inputs))
     guard_model_tensors(captured)
     matches, untrained = [], []
@@ -267,7 +269,7 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
     bound = bound_tensors(captured, matches)
     module = substitute(captured, matches, kernels)
     ops = [child for child in module.children() if isinstance(child, TunedOp)]  # in the matches' order
-    rebinding = functools.partial(rebind, graph, pristine, ops)
+    rebinding = functools.partial(rebind, pristine, ops)
     if graph_mode == "inductor":
         return on_runner_stack(checking_weights(inductor.compile_around(module, example_inputs), bound, rebinding))
     # autograd reaches tuned gradients only through the custom operator; the module holds the ops it calls by id

@@ -47,10 +47,10 @@ def bound_tensors(captured: Captured, matches: list[Match]) -> list[Bound]:
     return [Bound(positions[node], value._version) for node, value in values.items() if not value.is_inference()]
 
 
-def rebind(root: fx.GraphModule, pristine: fx.Graph, ops: Sequence[Rebindable], inputs: Sequence) -> None:
-    """Each op bound again to the weights of its match in the graph as Dynamo gave it (`pristine`, before rewrites
-    and substitution; `root` holds what it reads), matched again on `inputs`, the tensors as they are now."""
-    captured = Captured(fx.GraphModule(root, copy.deepcopy(pristine)), list(inputs))
+def rebind(pristine: fx.GraphModule, ops: Sequence[Rebindable], inputs: Sequence) -> None:
+    """Each op bound again to the weights of its match in (a copy of) the graph as Dynamo gave it, before rewrites
+    and substitution, matched again on `inputs`, the tensors as they are now."""
+    captured = Captured(fx.GraphModule(pristine, copy.deepcopy(pristine.graph)), list(inputs))
     matches = [match for match in find_matches(captured) if not match.untrained]
     if [match.label for match in matches] != [op.label for op in ops]:
         raise WeightsChanged(f"tensortune: the model's tensors were changed in place after the model was compiled, "
