@@ -76,7 +76,7 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
     from frontend.frame_stack import call_on_runner_stack
     from frontend.presets import in_dtype
 
-    from .profile import in_model_seconds, outside, profile_tasks
+    from .profile import ceiling, in_model_seconds, outside, profile_tasks
 
     threads = Target.parse(target).threads
     torch.set_num_threads(threads)
@@ -114,6 +114,7 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
             in_model = in_model_seconds(runs["tensortune"].run, inputs)
             row["profile"] = profile_tasks(extract_tasks(model, inputs), in_model, db, target)
             row["outside_ms"] = outside(row, row["profile"], in_model["forwards"])
+            row["ceiling"] = ceiling(row, row["profile"])
     return rows
 
 

@@ -13,7 +13,10 @@ kernels do not account for of tensortune's forwards is the time outside them, bo
 eager's is estimated from its operators' times alone. Beside the time in the model is the one tuning measured for
 the stored best (its protocol's, workers.task.MeasureOptions): how well tuning predicted the model. Part of
 tensortune's is its own: the backend's Python work before each kernel call (the glue column), which in a model finds
-the caches cold that the kernel before it filled with its weights."""
+the caches cold that the kernel before it filled with its weights. In each op's rounds runs also the peak kernel of
+the fastest instruction family for its dtype (bench.peak): the fraction of that rate the op's kernel reaches alone,
+and the forward tensortune would run were every op at it and the rest as it is, which bounds what faster kernels
+could win: where eager's time over that forward is under a goal, no kernel reaches it."""
 from __future__ import annotations
 
 import time
@@ -26,7 +29,9 @@ from rich.table import Table
 from db import Database
 from db.served import is_served
 from search_space import Target, Workload
-from workers.reference import head_to_head, inference_call, int8_calls, torch_conv2d, torch_epilogue, torch_operands
+
+from .peak import family_peak_call, family_peaks
+from workers.reference import alternating_samples, inference_call, median_ratio, int8_calls, torch_conv2d, torch_epilogue, torch_operands
 
 # oneDNN's fused post-op (attribute, algorithm) for each epilogue
 ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}
@@ -124,14 +129,17 @@ def profile_tasks(tasks, in_model: dict, db: str | None, target: str) -> list[di
     kernels = Kernels(db, target_)
     kernels.prepare(task.workload for task in tasks)
     as_tuned = tuned_seconds(db, target_, [task.workload for task in tasks])
+    peaks = {dtype: fastest_peak(target_, dtype) for dtype in {task.workload.dtype for task in tasks}}
     rows = []
     for task in tasks:
         inputs = task.workload.random_inputs()
         tuned, _ = inference_call(kernels.get(task.workload), inputs)
         calls = {"tensortune": tuned, "torch": torch_op(task.workload, inputs, target_.threads),
-                 "onednn": onednn_packed(task.workload, inputs), "mkl": mkl_packed(task.workload, inputs)}
-        seconds = head_to_head({way: call for way, call in calls.items() if call is not None}, target_.threads,
-                               rounds=3)
+                 "onednn": onednn_packed(task.workload, inputs), "mkl": mkl_packed(task.workload, inputs),
+                 "peak": peak[1] if (peak := peaks.get(task.workload.dtype)) else None}
+        samples = alternating_samples({way: call for way, call in calls.items() if call is not None},
+                                      target_.threads, rounds=3)
+        seconds = {way: float(np.median(values)) for way, values in samples.items()}
         key = task.workload.key
         rows.append({"workload": key, "weight": task.weight,
                      **{f"{part}_us": round(in_model[way][key] * 1e6, 1) if key in in_model[way] else None
@@ -139,8 +147,31 @@ def profile_tasks(tasks, in_model: dict, db: str | None, target: str) -> list[di
                      "tuned_us": round(as_tuned[key] * 1e6, 1) if key in as_tuned else None,
                      "tensortune_us": round(seconds["tensortune"] * 1e6, 1), "torch_us": round(seconds["torch"] * 1e6, 1),
                      **{f"{way}_us": round(seconds[way] * 1e6, 1) if way in seconds else None for way in PACKED},
-                     "loss_ms": round(task.weight * (seconds["tensortune"] - seconds["torch"]) * 1e3, 3)})
+                     "loss_ms": round(task.weight * (seconds["tensortune"] - seconds["torch"]) * 1e3, 3),
+                     **at_peak(task.workload, samples, peak)})
     return sorted(rows, key=lambda row: -row["loss_ms"])
+
+
+def fastest_peak(target: Target, dtype: str) -> tuple[str, Callable, int] | None:
+    """The fastest instruction family for the dtype on the target, its peak kernel's call and operations: the rate
+    no kernel of the dtype beats, whichever family its config picked. None where no family has a peak."""
+    rates = family_peaks(target, dtype)
+    if not rates:
+        return None
+    family = max(rates, key=rates.get)
+    return family, *family_peak_call(target, family)
+
+
+def at_peak(workload: Workload, samples: dict[str, list[float]], peak: tuple | None) -> dict:
+    """The op's operations at the peak rate of the fastest instruction family for its dtype (`peak`: the family,
+    its kernel's call and operations), that kernel timed in the op's own rounds, in µs; and the fraction of that rate
+    the op's kernel reaches alone, the median of the rounds' ratios. None for both where no family has a peak."""
+    if peak is None:
+        return {"peak_family": None, "peak_us": None, "peak_fraction": None}
+    family, _, operations = peak
+    scale = workload.flops / operations
+    return {"peak_family": family, "peak_us": round(float(np.median(samples["peak"])) * scale * 1e6, 3),
+            "peak_fraction": median_ratio(samples, "peak", "tensortune", scale)[0]}
 
 
 def tuned_seconds(db: str | None, target: Target, workloads: list[Workload]) -> dict[str, float]:
@@ -167,22 +198,42 @@ def outside(model_row: dict, ops: list[dict], forwards: list[tuple[float, float]
             "tensortune_glue": round(per_forward("glue_us"), 3), "eager": round(model_row["eager_ms"] - operators, 3)}
 
 
+def ceiling(model_row: dict, ops: list[dict]) -> dict | None:
+    """The forward tensortune would run were each tuned op at its dtype's peak rate and the rest as it is (its time
+    outside them, `outside`), and eager's time over it: the most that better kernels alone could give this model.
+    None where an op has no peak."""
+    if not ops or any(op["peak_us"] is None for op in ops):
+        return None
+    kernels = sum(op["weight"] * op["peak_us"] for op in ops) / 1e3
+    forward = kernels + model_row["outside_ms"]["tensortune"]
+    return {"kernels_ms": round(kernels, 3), "forward_ms": round(forward, 3),
+            "speedup": round(model_row["eager_ms"] / forward, 3)}
+
+
 def print_profile(row: dict) -> None:
     at = f" at sequence length {row['seq_len']}" if row["seq_len"] else ""
     table = Table(title=f"{row['model']}{at}: each tuned op per call, in the model and alone beside PyTorch's "
                         f"operators for it (same run), the largest loss per forward pass first", title_justify="left")
     for column in ("weight", "workload", "in model µs", "as tuned µs", "glue µs", "alone µs", "PyTorch µs",
-                   "speedup alone", "loss ms/forward", *PACKED.values()):
+                   "speedup alone", "of peak", "loss ms/forward", *PACKED.values()):
         table.add_column(column)
     for op in row["profile"]:
         in_model, tuned, glue, *packed = (f"{op[key]:.1f}" if op.get(key) is not None else "-" for key in (
             "in_model_us", "tuned_us", "glue_us", *(f"{way}_us" for way in PACKED)))
         table.add_row(str(op["weight"]), Workload.from_key(op["workload"]).label, in_model, tuned, glue,
                       f"{op['tensortune_us']:.1f}", f"{op['torch_us']:.1f}",
-                      f"{op['torch_us'] / op['tensortune_us']:.2f}x", f"{op['loss_ms']:+.3f}", *packed)
+                      f"{op['torch_us'] / op['tensortune_us']:.2f}x",
+                      f"{op['peak_fraction']:.0%}" if op["peak_fraction"] is not None else "-", f"{op['loss_ms']:+.3f}",
+                      *packed)
     Console().print(table)
     print(f"outside the tuned ops: tensortune {row['outside_ms']['tensortune']:.2f} ms of "
           f"{row['outside_ms']['tensortune_forward']:.2f} (a forward less its kernels, in the same {FORWARDS} "
           f"forwards; of it {row['outside_ms']['tensortune_glue']:.2f} ms the backend's "
           f"Python work before each kernel, the glue column), eager {row['outside_ms']['eager']:.2f} ms of "
           f"{row['eager_ms']:.2f} (its operators as timed alone)")
+    if row["ceiling"]:
+        families = ", ".join(sorted({op["peak_family"] for op in row["profile"]}))
+        print(f"at the peak rate ({families}, timed beside each op) the tuned ops would take "
+              f"{row['ceiling']['kernels_ms']:.2f} ms a forward; with tensortune's time outside them, a "
+              f"{row['ceiling']['forward_ms']:.2f} ms forward: {row['ceiling']['speedup']:.2f}x eager, the most that "
+              f"faster kernels alone could give")

@@ -382,6 +382,16 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     assert said in table
     assert "glue µs" in table and f"of it {glue:.2f} ms the backend's Python work before each kernel" in table
     assert "as tuned µs" in table and all(f"{op['tuned_us']:.1f}" in table for op in ops)
+    # each op's operations at the FMA peak, timed in its rounds, and the fraction of it its kernel reaches
+    for op in ops:
+        assert op["peak_family"] == "fma" and 0 < op["peak_us"] < op["tensortune_us"] and 0 < op["peak_fraction"] < 1
+        assert "of peak" in table and f"{op['peak_fraction']:.0%}" in table
+    # the forward were they all at the peak, the rest as it is: eager's time over it bounds the speedup
+    ceiling = row["ceiling"]
+    assert ceiling["kernels_ms"] == pytest.approx(sum(op["peak_us"] for op in ops) / 1e3, abs=2e-3)
+    assert ceiling["forward_ms"] == pytest.approx(ceiling["kernels_ms"] + outside["tensortune"], abs=2e-3)
+    assert ceiling["speedup"] == pytest.approx(row["eager_ms"] / ceiling["forward_ms"], rel=2e-3)
+    assert f"a {ceiling['forward_ms']:.2f} ms forward: {ceiling['speedup']:.2f}x eager, the most that" in table
 
 
 @pytest.mark.parametrize("workload", [
