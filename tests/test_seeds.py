@@ -111,7 +111,7 @@ def test_a_small_images_convolution_seeds_blocks_as_wide_as_its_output_row():
 
 def test_amx_seeds_its_larger_block_of_tiles_and_the_narrowed_target_gets_its_vector_family():
     """An AMX target's fallback is a block of 2 × 2 tiles, its seed the same in 4 × 4; without AMX, the seeds are
-    AVX-512 BF16's."""
+    AVX-512 BF16's blocks, then the same blocks widened into FMAs (the faster family on some CPUs)."""
     workload = dense(128, 768, 768, dtype="bfloat16")
     amx = zen4("avx512bf16", "amx-tile", "amx-bf16")
     fallback, (seed,) = fallback_config(workload, amx), seed_configs(workload, amx)
@@ -120,7 +120,22 @@ def test_amx_seeds_its_larger_block_of_tiles_and_the_narrowed_target_gets_its_ve
     assert {knob: value for knob, value in seed.to_dict().items() if knob not in ("tile_m", "tile_n")} == \
         {knob: value for knob, value in fallback.to_dict().items() if knob not in ("tile_m", "tile_n")}
     narrowed = seed_configs(workload, zen4("avx512bf16"))
-    assert len(narrowed) == 4 and {seed["isa"] for seed in narrowed} == {"avx512bf16"}
+    assert [seed["isa"] for seed in narrowed] == ["avx512bf16"] * 4 + ["fma"] * 4
+    block = lambda seed: (seed["vec"], seed["tile_m"], seed["tile_n"], seed["tile_k"])  # noqa: E731
+    assert [block(seed) for seed in narrowed[:4]] == [block(seed) for seed in narrowed[4:]]
+
+
+@pytest.mark.parametrize("workload", [dense(128, 768, 768, dtype="int8"),
+                                      conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, dtype="bfloat16")], ids=lambda w: w.op)
+def test_low_precision_seeds_try_each_vector_family_the_fallbacks_first(workload):
+    """The same blocks in the special family (the fallback's), then in the generic one: which is faster differs by
+    CPU (AVX-512 BF16's pair dot is half the FMA's rate on an Intel Xeon without AMX)."""
+    target = zen4("avx512bf16", "avx512vnni")
+    generic, special = get_space(workload, target).knobs["isa"].candidates
+    seeds = seed_configs(workload, target)
+    half = len(seeds) // 2
+    assert half >= 4 and [seed["isa"] for seed in seeds] == [special] * half + [generic] * half
+    assert fallback_config(workload, target)["isa"] == special
 
 
 @pytest.mark.parametrize("workload", [dense(37, 53, 29, bias=True, epilogue="gelu"), matmul(33, 70, 9),

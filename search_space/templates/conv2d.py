@@ -29,7 +29,7 @@ from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
 from .gemm import AMX, DOTS, FAMILIES, UNROLL_CHOICES, isas
 from .gemm_operands import input_buffers
-from .register_blocks import fills, seed_blocks
+from .register_blocks import fills, seed_blocks, seed_families
 
 VERSION = 2  # bumped whenever a change alters the code generated for some config, or what a config means (2: the
 # data packed a row at a time, by every thread where threads split output rows or channels)
@@ -117,10 +117,11 @@ def relaid(knobs: dict, stored: Workload, wanted: Workload) -> dict:
 
 def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Config]:
     """What a search measures first where the op has not been searched on the target: the register blocks of
-    `seed_blocks` (output positions × channel vectors; those that leave no tail of the output row among them), the
-    rest as the fallback."""
+    `seed_blocks` (output positions × channel vectors; those that leave no tail of the output row among them) in
+    each vector family (`seed_families`), the rest as the fallback."""
     base = dict(fallback(workload, target, space_).values)
-    return [space_.nearest(base | {"vec": vec, "tile_ow": (-1, owr), "tile_k": (-1, kb)})
+    return [space_.nearest(base | family | {"vec": vec, "tile_ow": (-1, owr), "tile_k": (-1, kb)})
+            for family in seed_families(space_)
             for vec, owr, kb in seed_blocks(space_, "tile_ow", "tile_k", max(KB_VECTORS), target.vector_registers,
                                             conv2d_output(workload.p)[1])]
 

@@ -40,7 +40,7 @@ from ..workload import Workload
 from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
 from .gemm_operands import gemm_operands, input_buffers
-from .register_blocks import best_blocks, fills, reduction_block, seed_blocks
+from .register_blocks import best_blocks, fills, reduction_block, seed_blocks, seed_families
 
 VERSION = 2  # bumped whenever a change alters the code generated for some config, or what a config means (2: dense's
 # `prefetch` knob, which gave its configs new indices)
@@ -213,7 +213,8 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
 
 def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Config]:
     """What a search measures first where the op has not been searched on the target: the register blocks of
-    `seed_blocks`, k in blocks whose B panel fits L1, the rest as the fallback. A float32
+    `seed_blocks` in each vector family (`seed_families`), k in blocks whose B panel fits L1, the rest as the
+    fallback. A float32
     batch_matmul's seeds read B in place: its B is an activation, packed again at every call, and unpacked the
     seed blocks of BERT's attention products ran 9-18% faster on an Intel AVX-512 host (the fallback, measured
     before them, packs it: the first batch has both). AMX's is the fallback's in 4 × 4 tiles."""
@@ -224,10 +225,11 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
     if workload.op == "batch_matmul" and workload.dtype == "float32":
         base["pack_b"] = False
     itemsize, k_blocks = ITEMSIZE[gemm_operands(workload)[0].dtype], [s[1] for s in space_.knobs["tile_k"].candidates]
-    return [space_.nearest(balanced(base | {"vec": vec, "tile_m": (-1, BLOCK_TILES, mr),
-                                            "tile_n": (-1, BLOCK_TILES, nr),
-                                            "tile_k": (-1, reduction_block(nr, itemsize, k_blocks))},
+    return [space_.nearest(balanced(base | family | {"vec": vec, "tile_m": (-1, BLOCK_TILES, mr),
+                                                     "tile_n": (-1, BLOCK_TILES, nr),
+                                                     "tile_k": (-1, reduction_block(nr, itemsize, k_blocks))},
                                     workload, target))
+            for family in seed_families(space_)
             for vec, mr, nr in seed_blocks(space_, "tile_m", "tile_n", MOST_VECTORS, target.vector_registers)]
 
 
