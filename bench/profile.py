@@ -29,9 +29,10 @@ from rich.table import Table
 from db import Database
 from db.served import is_served
 from search_space import Target, Workload
+from workers.reference import (alternating_samples, inference_call, int8_calls, median_ratio, torch_conv2d,
+                               torch_epilogue, torch_operands)
 
 from .peak import family_peak_call, family_peaks
-from workers.reference import alternating_samples, inference_call, median_ratio, int8_calls, torch_conv2d, torch_epilogue, torch_operands
 
 # oneDNN's fused post-op (attribute, algorithm) for each epilogue
 ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}
