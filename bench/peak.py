@@ -176,19 +176,28 @@ def family_peak_call(target: Target, family: str = "fma") -> tuple[Callable[[], 
 
 
 def peak_gflops(target: Target, family: str = "fma") -> float:
-    call, flops = family_peak_call(target, family)
-    return flops / min(time_samples(call, repeat=5, min_repeat_ms=50)) / 1e9
+    return peak_rate(*family_peak_call(target, family))
 
 
-def family_peaks(target: Target, dtype: str) -> dict[str, float]:
-    """The peak rate of each instruction family a kernel of this dtype may use on the target (the GEMM
-    template's `isa` knob) and that has a peak of its own: float32's only family is `fma`; int8's `widen` has one
-    where it runs by pmaddwd (x86), none where its bytes are split."""
+def peak_rate(call: Callable[[], None], operations: int) -> float:
+    """GFLOPS (or integer GOPS) of a peak kernel's call, by the fastest of five samples."""
+    return operations / min(time_samples(call, repeat=5, min_repeat_ms=50)) / 1e9
+
+
+def family_peak_calls(target: Target, dtype: str) -> dict[str, tuple[Callable[[], None], int]]:
+    """The peak kernel's call and operations of each instruction family a kernel of this dtype may use on the target
+    (the GEMM template's `isa` knob) and that has a peak of its own: float32's only family is `fma`; int8's `widen`
+    has one where it runs by pmaddwd (x86), none where its bytes are split."""
     from search_space.templates.gemm import isas
 
     families = isas(target, dtype) if dtype != "float32" else ("fma",)
     measured = FAMILIES.keys() | TILE_PRODUCTS.keys() | ({"widen"} if has_widen_peak(target) else set())
-    return {family: peak_gflops(target, family) for family in families if family in measured}
+    return {family: family_peak_call(target, family) for family in families if family in measured}
+
+
+def family_peaks(target: Target, dtype: str) -> dict[str, float]:
+    """The peak rate of each of `family_peak_calls`' families."""
+    return {family: peak_rate(*call) for family, call in family_peak_calls(target, dtype).items()}
 
 
 def launch_microseconds(target: Target) -> float:

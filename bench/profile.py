@@ -32,7 +32,7 @@ from search_space import Target, Workload
 from workers.reference import (alternating_samples, inference_call, int8_calls, median_ratio, torch_conv2d,
                                torch_epilogue, torch_operands)
 
-from .peak import family_peak_call, family_peaks
+from .peak import family_peak_calls, peak_rate
 
 # oneDNN's fused post-op (attribute, algorithm) for each epilogue
 ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}
@@ -156,11 +156,12 @@ def profile_tasks(tasks, in_model: dict, db: str | None, target: str) -> list[di
 def fastest_peak(target: Target, dtype: str) -> tuple[str, Callable, int] | None:
     """The fastest instruction family for the dtype on the target, its peak kernel's call and operations: the rate
     no kernel of the dtype beats, whichever family its config picked. None where no family has a peak."""
-    rates = family_peaks(target, dtype)
-    if not rates:
+    calls = family_peak_calls(target, dtype)
+    if not calls:
         return None
+    rates = {family: peak_rate(*call) for family, call in calls.items()}
     family = max(rates, key=rates.get)
-    return family, *family_peak_call(target, family)
+    return family, *calls[family]
 
 
 def at_peak(workload: Workload, samples: dict[str, list[float]], peak: tuple | None) -> dict:
