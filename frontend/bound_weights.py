@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import threading
 from typing import Callable, NamedTuple, Protocol, Sequence
 
@@ -20,6 +21,8 @@ from torch import fx
 
 from .capture import Captured
 from .patterns import Match, find_matches
+
+log = logging.getLogger("tensortune.frontend")
 
 
 class WeightsChanged(RuntimeError):
@@ -40,10 +43,19 @@ class Bound(NamedTuple):
 
 def bound_tensors(captured: Captured, matches: list[Match]) -> list[Bound]:
     """The model tensors the matches' weights were bound from, where the graph takes them as inputs. A tensor made in
-    inference mode counts no changes, and cannot be changed outside it: none of those."""
+    inference mode counts no changes (it can be changed only inside that mode): none of those, and a warning says
+    that a change to them goes unseen."""
     positions = {node: position for position, node in enumerate(captured.placeholder_values)}
     sources = dict.fromkeys(source for match in matches for source in match.sources)
     values = {node: captured.placeholder_values[node] for node in sources}
+    unwatched = {node for node, value in values.items() if value.is_inference()}
+    if unwatched:
+        ops = dict.fromkeys(match.label for match in matches if unwatched.intersection(match.sources))
+        log.warning(f"tensortune: {len(unwatched)} of the weights the tuned kernels bound were made in inference mode, "
+                    f"where PyTorch counts no in-place changes: one changed after this compile (load_state_dict "
+                    f"under torch.inference_mode) goes unseen and the kernels keep the old values; make the model "
+                    f"outside inference mode, or call torch._dynamo.reset() after such a change (the ops that bound "
+                    f"them: {'; '.join(ops)})")
     return [Bound(positions[node], value._version) for node, value in values.items() if not value.is_inference()]
 
 

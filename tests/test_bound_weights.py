@@ -3,6 +3,7 @@ computes with the new weights: its tuned ops bind them again, fused and folded a
 kernel bound (a training BatchNorm's statistics, trained weights) change freely; a graph that no longer matches as
 it did refuses to run."""
 import copy
+import logging
 
 import pytest
 import torch
@@ -111,3 +112,19 @@ def test_a_graph_that_no_longer_matches_as_it_did_refuses_to_run(tmp_path, monke
         model[0].weight.mul_(2)
     with torch.inference_mode(), pytest.raises(WeightsChanged, match="no longer matches as it did"):
         compiled(x)
+
+
+def test_weights_made_in_inference_mode_are_not_watched_and_a_warning_says_so(tmp_path, caplog):
+    """PyTorch counts no in-place changes of an inference tensor: the compile says that a change to such weights
+    goes unseen (the two layers' weights and biases), naming the ops that bound them; a model made outside inference
+    mode gets no such warning."""
+    x = torch.randn(4, 16)
+    with torch.inference_mode():
+        made_inside = mlp()
+    for model, warned in ((made_inside, True), (mlp(1), False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "tensortune.frontend"), torch.inference_mode():
+            assert_close(compiled_on_empty_db(model, tmp_path)(x), model(x))
+        said = [record.getMessage() for record in caplog.records if "made in inference mode" in record.getMessage()]
+        assert len(said) == warned and all("4 of the weights" in line and "dense M=4 N=32 K=16" in line and
+                                           "dense M=4 N=8 K=32" in line for line in said)
