@@ -56,7 +56,7 @@ def bound_tensors(captured: Captured, matches: list[Match]) -> list[Bound]:
                     f"under torch.inference_mode) goes unseen and the kernels keep the old values; make the model "
                     f"outside inference mode, or call torch._dynamo.reset() after such a change (the ops that bound "
                     f"them: {'; '.join(ops)})")
-    return [Bound(positions[node], value._version) for node, value in values.items() if not value.is_inference()]
+    return [Bound(positions[node], value._version) for node, value in values.items() if node not in unwatched]
 
 
 def rebind(pristine: fx.GraphModule, ops: Sequence[Rebindable], inputs: Sequence) -> None:
