@@ -167,7 +167,7 @@ def fastest_peak(target: Target, dtype: str) -> tuple[str, Callable, int] | None
 def at_peak(workload: Workload, samples: dict[str, list[float]], peak: tuple | None) -> dict:
     """The op's operations at the peak rate of the fastest instruction family for its dtype (`peak`: the family,
     its kernel's call and operations), that kernel timed in the op's own rounds, in µs; and the fraction of that rate
-    the op's kernel reaches alone, the median of the rounds' ratios. None for both where no family has a peak."""
+    the op's kernel reaches alone, the median of the rounds' ratios. None for all three where no family has a peak."""
     if peak is None:
         return {"peak_family": None, "peak_us": None, "peak_fraction": None}
     family, _, operations = peak
