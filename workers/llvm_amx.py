@@ -242,7 +242,7 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
             if count == 1:
                 at_step(long(0))
             else:
-                _counted(b, function, count, at_step)
+                counted(b, function, count, at_step)
             for (i, j), register in registers.items():
                 tiles.store(register, c_tile(i, j), c_stride)
 
@@ -251,7 +251,7 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
     whole, rest = divmod(steps, chunk)
     run(long(0), chunk, from_zero)
     if whole > 1:
-        _counted(b, function, whole - 1, lambda n: run(b.mul(b.add(n, long(1)), long(chunk)), chunk))
+        counted(b, function, whole - 1, lambda n: run(b.mul(b.add(n, long(1)), long(chunk)), chunk))
     if rest:
         run(long(whole * chunk), rest)
     if own != configured:
@@ -260,7 +260,7 @@ def _pass(module: ir.Module, declare, product: str, shape: tuple, strides: tuple
     return function
 
 
-def _counted(b: ir.IRBuilder, function: ir.Function, count: int, body) -> None:
+def counted(b: ir.IRBuilder, function: ir.Function, count: int, body) -> None:
     """`body(index)` for index 0..count-1 (an i64), as a loop."""
     entry = b.block
     loop, done = function.append_basic_block("loop"), function.append_basic_block("done")

@@ -1,0 +1,58 @@
+"""bench.tile_stream: the 2 × 2-tile step loop it times is a real product in every placement (on an AMX host), compiles
+to one tile load per tile product (on any host, as a Sapphire Rapids' assembly), refuses shapes it cannot tile, and
+prints its table."""
+import re
+
+import numpy as np
+import pytest
+
+from bench import tile_stream
+from bench.tile_stream import PLACEMENTS, STEP, operands, stream_call, stream_module
+from workers.llvm_jit import emit_assembly
+from tests.test_amx import SAPPHIRE, on_amx_host
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_each_step_loads_a_tile_for_each_product_it_runs(placement):
+    assembly = emit_assembly(stream_module("amx-bf16", 128, 768, 768, placement), SAPPHIRE)
+    loads, products = (len(re.findall(rf"\b{name}\b", assembly)) for name in ("tileloadd", "tdpbf16ps"))
+    assert loads >= 4 and loads % 4 == 0
+    assert products == (0 if placement == "loads" else loads)
+
+
+def test_shapes_it_cannot_tile_are_refused():
+    with pytest.raises(ValueError, match="multiples of 32 and K of 32: got 100 × 768 × 768"):
+        stream_call("bfloat16", 100, 768, 768, "stream")
+    with pytest.raises(ValueError, match="K of 64"):
+        stream_call("int8", 128, 768, 96, "stream")
+
+
+@on_amx_host
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("shape", [(32, 64, 128), (64, 96, 256)])
+def test_every_placement_computes_its_product(dtype, shape):
+    """stream: A · B; in L1: the first step's product once per step; loads: the zero tiles it started from."""
+    m, n, k = shape
+    a, b, _ = operands(m, n, k, dtype)
+    depth = STEP * (2 if dtype == "bfloat16" else 4)
+    wanted = {"stream": a.astype(np.float64) @ b.astype(np.float64),
+              "in L1": k // depth * (a[:, :depth].astype(np.float64) @ b[:depth].astype(np.float64)),
+              "loads": np.zeros((m, n))}
+    for placement, want in wanted.items():
+        call, c = stream_call(dtype, m, n, k, placement)
+        call()
+        np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-3)
+
+
+@on_amx_host
+def test_main_prints_each_way_beside_the_peak(monkeypatch, capsys):
+    monkeypatch.setattr(tile_stream, "ROUNDS", 2)
+    monkeypatch.setattr("sys.argv", ["tile_stream", "64", "64", "128"])
+    tile_stream.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("amx-bf16, C[64 × 64] = A[64 × 128] · B in 2 × 2 tiles, one thread")
+    rows = [re.fullmatch(r"  (.+?) +(\d+) \((\d+)-(\d+)\) +(\d+)% of the peak", line) for line in lines[1:]]
+    assert [row.group(1) for row in rows] == ["the tile products alone (peak)", "2 × 2 tiles, operands in L1",
+                                              "2 × 2 tiles, streaming", "the stream's loads alone"]
+    assert all(0 < int(row.group(3)) <= int(row.group(2)) <= int(row.group(4)) for row in rows)
+    assert rows[0].group(5) == "100"
