@@ -9,8 +9,10 @@ three ways:
 - stream: each step loads the next tiles (at BERT's 128 rows, A and each panel come from L2, not L1);
 - in L1: each step loads the first step's tiles again (4 KB that stay in L1);
 - loads: the stream's tile loads without the products;
-beside the products alone (`bench.peak`'s AMX peak), in alternating rounds. No write-back, no prefetch, no edges:
-what is left is the tile unit and where its operands lie.
+beside the products alone (`bench.peak`'s AMX peak) and the template's own dense kernel of the shape (the best
+config stored in the default database, $TENSORTUNE_DB or ./tensortune.db, else the fallback; its weights bound), in
+alternating rounds. The step loop has no write-back, no prefetch, no edges: what is left is the tile unit and where
+its operands lie.
 """
 from __future__ import annotations
 
@@ -21,11 +23,13 @@ from typing import Callable
 import numpy as np
 from llvmlite import ir
 
-from search_space import Target
+from search_space import Target, dense
 from search_space.workload import aligned
+from workers import build
 from workers.kernel import cfunc
 from workers.llvm_amx import A_REGISTERS, B_REGISTERS, C_REGISTERS, GROUP, STEP, TILE, Tiles, counted
 from workers.llvm_jit import compile_module
+from workers.reference import inference_call
 from workers.timing import time_samples
 
 from .peak import TILE_PRODUCTS, tile_peak_call
@@ -114,32 +118,47 @@ def stream_call(dtype: str, m: int, n: int, k: int, placement: str) -> tuple[Cal
     return lambda: (compiled, run(a.ctypes.data, packed.ctypes.data, c.ctypes.data)), c
 
 
-def rates(m: int, n: int, k: int, dtype: str = "bfloat16") -> dict[str, list[float]]:
-    """GFLOPS (GOPS for int8; for `loads`, the product's operations over its time) of each placement and of the peak
-    ("peak"), one per round, the ways alternating within each round."""
+def kernel_call(dtype: str, m: int, n: int, k: int) -> tuple[Callable[[], None], str]:
+    """The template's dense kernel of the shape on one thread, its weights bound, with the best config the default
+    database holds for it (else the fallback), and which config that is."""
+    from db import apply_history_best  # here: the step loops need no database
+
+    workload, target = dense(m, n, k, dtype=dtype), Target.parse("llvm -threads=1")
+    with apply_history_best() as context:
+        kernel = build(workload, target)
+    origin = "the fallback: none stored" if context.warned else "the best stored"
+    return inference_call(kernel, workload.random_inputs())[0], f"config {kernel.config.index}, {origin}"
+
+
+def rates(m: int, n: int, k: int, dtype: str = "bfloat16") -> tuple[dict[str, list[float]], str]:
+    """GFLOPS (GOPS for int8; for `loads`, the product's operations over its time) of each placement, of the
+    template's kernel ("kernel") and of the peak ("peak"), one per round, the ways alternating within each round;
+    and which config the kernel has."""
     family = DTYPES[dtype][0]
     peak, peak_operations = tile_peak_call(Target.parse("llvm -threads=1"), family)
     calls = {placement: (stream_call(dtype, m, n, k, placement)[0], 2 * m * n * k) for placement in PLACEMENTS}
-    calls["peak"] = (peak, peak_operations)
+    kernel, config = kernel_call(dtype, m, n, k)
+    calls |= {"kernel": (kernel, 2 * m * n * k), "peak": (peak, peak_operations)}
     found: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(ROUNDS):
         for name, (call, operations) in calls.items():
             found[name].append(operations / statistics.median(time_samples(call, repeat=3)) / 1e9)
-    return found
+    return found, config
 
 
 def main() -> None:
     m, n, k = (int(v) for v in sys.argv[1:4]) if len(sys.argv) > 3 else (128, 768, 768)
     dtype = sys.argv[4] if len(sys.argv) > 4 else "bfloat16"
-    found = rates(m, n, k, dtype)
+    found, config = rates(m, n, k, dtype)
     peak = statistics.median(found["peak"])
     print(f"{DTYPES[dtype][0]}, C[{m} × {n}] = A[{m} × {k}] · B in 2 × 2 tiles, one thread: medians of {ROUNDS} "
           "alternating rounds (their range), GFLOPS")
     for name, label in (("peak", "the tile products alone (peak)"), ("in L1", "2 × 2 tiles, operands in L1"),
-                        ("stream", "2 × 2 tiles, streaming"), ("loads", "the stream's loads alone")):
+                        ("stream", "2 × 2 tiles, streaming"), ("loads", "the stream's loads alone"),
+                        ("kernel", "the template's dense kernel")):
         values = found[name]
         print(f"  {label:32s} {statistics.median(values):7.0f} ({min(values):.0f}-{max(values):.0f})"
-              f"  {statistics.median(values) / peak:4.0%} of the peak")
+              f"  {statistics.median(values) / peak:4.0%} of the peak" + (f": {config}" if name == "kernel" else ""))
 
 
 if __name__ == "__main__":

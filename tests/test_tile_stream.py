@@ -1,14 +1,18 @@
 """bench.tile_stream: the 2 × 2-tile step loop it times is a real product in every placement (on an AMX host), compiles
 to one tile load per tile product (on any host, as a Sapphire Rapids' assembly), refuses shapes it cannot tile, and
-prints its table."""
+prints its table, the template's own kernel last."""
 import re
+import warnings
 
 import numpy as np
 import pytest
 
 from bench import tile_stream
 from bench.tile_stream import PLACEMENTS, STEP, operands, stream_call, stream_module
+from db import Database
+from search_space import Target, dense, fallback_config, get_space
 from workers.llvm_jit import emit_assembly
+from tests.db_helpers import measurement
 from tests.test_amx import SAPPHIRE, on_amx_host
 
 
@@ -45,14 +49,30 @@ def test_every_placement_computes_its_product(dtype, shape):
 
 
 @on_amx_host
-def test_main_prints_each_way_beside_the_peak(monkeypatch, capsys):
+@pytest.mark.parametrize("stored", [False, True])
+def test_main_prints_each_way_beside_the_peak(stored, monkeypatch, capsys, tmp_path):
+    """The four ways, then the template's kernel: the database's best config of the shape, else the fallback."""
+    workload, target = dense(64, 64, 128, dtype="bfloat16"), Target.parse("llvm -threads=1")
+    space = get_space(workload, target)
+    config = space.nearest(dict(fallback_config(workload, target).values) | {"tile_m": (-1, 1, 64)}) if stored else \
+        fallback_config(workload, target)
+    monkeypatch.setenv("TENSORTUNE_DB", str(tmp_path / "records.db"))
+    with Database() as database:
+        if stored:
+            database.record(*measurement(workload, target, config.index, 1e-5))
     monkeypatch.setattr(tile_stream, "ROUNDS", 2)
     monkeypatch.setattr("sys.argv", ["tile_stream", "64", "64", "128"])
-    tile_stream.main()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tile_stream.main()
+    assert any("fallback configuration" in str(w.message) for w in caught) != stored
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("amx-bf16, C[64 × 64] = A[64 × 128] · B in 2 × 2 tiles, one thread")
-    rows = [re.fullmatch(r"  (.+?) +(\d+) \((\d+)-(\d+)\) +(\d+)% of the peak", line) for line in lines[1:]]
+    rows = [re.fullmatch(r"  (.+?) +(\d+) \((\d+)-(\d+)\) +(\d+)% of the peak(.*)", line) for line in lines[1:]]
     assert [row.group(1) for row in rows] == ["the tile products alone (peak)", "2 × 2 tiles, operands in L1",
-                                              "2 × 2 tiles, streaming", "the stream's loads alone"]
+                                              "2 × 2 tiles, streaming", "the stream's loads alone",
+                                              "the template's dense kernel"]
     assert all(0 < int(row.group(3)) <= int(row.group(2)) <= int(row.group(4)) for row in rows)
     assert rows[0].group(5) == "100"
+    origin = "the best stored" if stored else "the fallback: none stored"
+    assert [row.group(6) for row in rows] == [""] * 4 + [f": config {config.index}, {origin}"]
