@@ -35,16 +35,18 @@ from workers.timing import time_samples
 from .peak import TILE_PRODUCTS, tile_peak_call
 
 PLACEMENTS = ("stream", "in L1", "loads")
-DTYPES = {"bfloat16": ("amx-bf16", "bfloat16", "bfloat16", np.float32), "int8": ("amx-int8", np.uint8, np.int8, np.int32)}
+# dtype: its AMX family, A's and B's element types, the sums' type
+DTYPES = {"bfloat16": ("amx-bf16", "bfloat16", "bfloat16", np.float32), "int8": ("amx-int8", np.uint8, np.int8,
+                                                                                 np.int32)}
 PANEL = 2 * TILE  # columns of a packed panel: the group's two B tiles
 ROUNDS = 7
 
 
-def stream_module(family: str, m: int, n: int, k: int, placement: str) -> ir.Module:
+def stream_module(dtype: str, m: int, n: int, k: int, placement: str) -> ir.Module:
     """`void run(ptr A, ptr Bp, ptr C)`: C = A · Bp in 2 × 2-tile groups, A [m × k] row-major, Bp [n/32][k/g][32][g]
     (g = k per 4-byte group), C [m × n] in 32-bit sums; the step loads as the template's does (both A tiles, then
     each B tile and its two products) from where `placement` says."""
-    g = _per_group(family)
+    family, g = DTYPES[dtype][0], _per_group(dtype)
     depth = STEP * GROUP  # bytes of k a step: one row of an A tile
     a_stride, b_stride, c_stride = k * GROUP // g, PANEL * GROUP, 4 * n
     steps = k // (STEP * g)
@@ -86,9 +88,9 @@ def stream_module(family: str, m: int, n: int, k: int, placement: str) -> ir.Mod
     return module
 
 
-def _per_group(family: str) -> int:
+def _per_group(dtype: str) -> int:
     """k in a 4-byte group: two bf16 or four bytes (a tile product takes STEP groups)."""
-    return 2 if family == "amx-bf16" else 4
+    return 4 // np.dtype(DTYPES[dtype][2]).itemsize
 
 
 def operands(m: int, n: int, k: int, dtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -99,22 +101,21 @@ def operands(m: int, n: int, k: int, dtype: str, seed: int = 0) -> tuple[np.ndar
         a, b = rng.integers(0, 256, (m, k)).astype(a_type), rng.integers(-128, 128, (k, n)).astype(b_type)
     else:
         a, b = rng.standard_normal((m, k)).astype(a_type), rng.standard_normal((k, n)).astype(b_type)
-    g = 4 // b.itemsize
+    g = _per_group(dtype)
     packed = b.reshape(k // g, g, n // PANEL, PANEL).transpose(2, 0, 3, 1)
     return aligned(a), b, aligned(np.ascontiguousarray(packed))
 
 
 def stream_call(dtype: str, m: int, n: int, k: int, placement: str) -> tuple[Callable[[], None], np.ndarray]:
     """A zero-argument call running `stream_module` on operands of its own, and the C it writes."""
-    family, *_, sums = DTYPES[dtype]
-    if m % PANEL or n % PANEL or k % (STEP * _per_group(family)):
-        raise ValueError(f"tile_stream needs M and N multiples of {PANEL} and K of {STEP * _per_group(family)}: "
+    if m % PANEL or n % PANEL or k % (STEP * _per_group(dtype)):
+        raise ValueError(f"tile_stream needs M and N multiples of {PANEL} and K of {STEP * _per_group(dtype)}: "
                          f"got {m} × {n} × {k}")
     target = Target.parse("llvm -threads=1")
-    compiled = compile_module(stream_module(family, m, n, k, placement), target)
+    compiled = compile_module(stream_module(dtype, m, n, k, placement), target)
     run = cfunc(compiled.address("run"), 3)
     a, _, packed = operands(m, n, k, dtype)
-    c = aligned(np.empty((m, n), sums))
+    c = aligned(np.empty((m, n), DTYPES[dtype][3]))
     return lambda: (compiled, run(a.ctypes.data, packed.ctypes.data, c.ctypes.data)), c
 
 

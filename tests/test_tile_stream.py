@@ -18,7 +18,7 @@ from tests.test_amx import SAPPHIRE, on_amx_host
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_each_step_loads_a_tile_for_each_product_it_runs(placement):
-    assembly = emit_assembly(stream_module("amx-bf16", 128, 768, 768, placement), SAPPHIRE)
+    assembly = emit_assembly(stream_module("bfloat16", 128, 768, 768, placement), SAPPHIRE)
     loads, products = (len(re.findall(rf"\b{name}\b", assembly)) for name in ("tileloadd", "tdpbf16ps"))
     assert loads >= 4 and loads % 4 == 0
     assert products == (0 if placement == "loads" else loads)
