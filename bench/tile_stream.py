@@ -40,6 +40,7 @@ DTYPES = {"bfloat16": ("amx-bf16", "bfloat16", "bfloat16", np.float32), "int8": 
                                                                                  np.int32)}
 PANEL = 2 * TILE  # columns of a packed panel: the group's two B tiles
 ROUNDS = 7
+ONE_THREAD = "llvm -threads=1"  # this host, one thread: what everything here runs on
 
 
 def stream_module(dtype: str, m: int, n: int, k: int, placement: str) -> ir.Module:
@@ -106,13 +107,24 @@ def operands(m: int, n: int, k: int, dtype: str, seed: int = 0) -> tuple[np.ndar
     return aligned(a), b, aligned(np.ascontiguousarray(packed))
 
 
-def stream_call(dtype: str, m: int, n: int, k: int, placement: str) -> tuple[Callable[[], None], np.ndarray]:
-    """A zero-argument call running `stream_module` on operands of its own, and the C it writes."""
+def amx_target(dtype: str, target: str = ONE_THREAD) -> Target:
+    """The target, refused unless it has the dtype's AMX family: tile instructions would not compile without it,
+    and would fault on a CPU without it."""
+    parsed, family = Target.parse(target), DTYPES[dtype][0]
+    if missing := {"amx-tile", family} - set(parsed.features):
+        raise ValueError(f"bench.tile_stream times AMX's tile products, and {parsed} has no "
+                         f"{', '.join(sorted(missing))}")
+    return parsed
+
+
+def stream_call(dtype: str, m: int, n: int, k: int, placement: str,
+                target: str = ONE_THREAD) -> tuple[Callable[[], None], np.ndarray]:
+    """A zero-argument call running `stream_module` on operands of its own on the target (one thread of an AMX
+    host), and the C it writes."""
     if m % PANEL or n % PANEL or k % (STEP * _per_group(dtype)):
         raise ValueError(f"tile_stream needs M and N multiples of {PANEL} and K of {STEP * _per_group(dtype)}: "
                          f"got {m} × {n} × {k}")
-    target = Target.parse("llvm -threads=1")
-    compiled = compile_module(stream_module(dtype, m, n, k, placement), target)
+    compiled = compile_module(stream_module(dtype, m, n, k, placement), amx_target(dtype, target))
     run = cfunc(compiled.address("run"), 3)
     a, _, packed = operands(m, n, k, dtype)
     c = aligned(np.empty((m, n), DTYPES[dtype][3]))
@@ -124,9 +136,9 @@ def kernel_call(dtype: str, m: int, n: int, k: int) -> tuple[Callable[[], None],
     database holds for it (else the fallback), and which config that is."""
     from db import apply_history_best  # here: the step loops need no database
 
-    workload, target = dense(m, n, k, dtype=dtype), Target.parse("llvm -threads=1")
+    workload = dense(m, n, k, dtype=dtype)
     with apply_history_best() as context:
-        kernel = build(workload, target)
+        kernel = build(workload, Target.parse(ONE_THREAD))
     origin = "the fallback: none stored" if context.warned else "the best stored"
     return inference_call(kernel, workload.random_inputs())[0], f"config {kernel.config.index}, {origin}"
 
@@ -135,8 +147,7 @@ def rates(m: int, n: int, k: int, dtype: str = "bfloat16") -> tuple[dict[str, li
     """GFLOPS (GOPS for int8; for `loads`, the product's operations over its time) of each placement, of the
     template's kernel ("kernel") and of the peak ("peak"), one per round, the ways alternating within each round;
     and which config the kernel has."""
-    family = DTYPES[dtype][0]
-    peak, peak_operations = tile_peak_call(Target.parse("llvm -threads=1"), family)
+    peak, peak_operations = tile_peak_call(amx_target(dtype), DTYPES[dtype][0])
     calls = {placement: (stream_call(dtype, m, n, k, placement)[0], 2 * m * n * k) for placement in PLACEMENTS}
     kernel, config = kernel_call(dtype, m, n, k)
     calls |= {"kernel": (kernel, 2 * m * n * k), "peak": (peak, peak_operations)}
@@ -150,7 +161,10 @@ def rates(m: int, n: int, k: int, dtype: str = "bfloat16") -> tuple[dict[str, li
 def main() -> None:
     m, n, k = (int(v) for v in sys.argv[1:4]) if len(sys.argv) > 3 else (128, 768, 768)
     dtype = sys.argv[4] if len(sys.argv) > 4 else "bfloat16"
-    found, config = rates(m, n, k, dtype)
+    try:
+        found, config = rates(m, n, k, dtype)
+    except ValueError as error:  # no AMX here, or a shape it cannot tile
+        sys.exit(str(error))
     peak = statistics.median(found["peak"])
     print(f"{DTYPES[dtype][0]}, C[{m} × {n}] = A[{m} × {k}] · B in 2 × 2 tiles, one thread: medians of {ROUNDS} "
           "alternating rounds (their range), GFLOPS")

@@ -1,6 +1,6 @@
 """bench.tile_stream: the 2 × 2-tile step loop it times is a real product in every placement (on an AMX host), compiles
-to one tile load per tile product (on any host, as a Sapphire Rapids' assembly), refuses shapes it cannot tile, and
-prints its table, the template's own kernel last."""
+to one tile load per tile product (on any host, as a Sapphire Rapids' assembly), refuses shapes it cannot tile and
+targets without AMX, and prints its table, the template's own kernel last."""
 import re
 import warnings
 
@@ -29,6 +29,20 @@ def test_shapes_it_cannot_tile_are_refused():
         stream_call("bfloat16", 100, 768, 768, "stream")
     with pytest.raises(ValueError, match="K of 64"):
         stream_call("int8", 128, 768, 96, "stream")
+
+
+def test_main_exits_with_the_reason_it_cannot_run(monkeypatch):
+    """A shape it cannot tile (or, on a host without AMX, the host itself): a message, not a traceback or a fault."""
+    monkeypatch.setattr("sys.argv", ["tile_stream", "100", "768", "768"])
+    with pytest.raises(SystemExit, match="^(tile_stream needs M and N multiples|bench.tile_stream times AMX)"):
+        tile_stream.main()
+
+
+@pytest.mark.parametrize("dtype, missing", [("bfloat16", "amx-bf16, amx-tile"), ("int8", "amx-int8, amx-tile")])
+def test_a_target_without_amx_is_refused_before_anything_compiles(dtype, missing):
+    """As on a host without AMX: the tile instructions would not compile, and would fault if run."""
+    with pytest.raises(ValueError, match=f"times AMX's tile products, and .* has no {missing}$"):
+        stream_call(dtype, 128, 768, 768, "stream", target="llvm -mattr=-amx-tile -threads=1")
 
 
 @on_amx_host
