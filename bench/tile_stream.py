@@ -108,8 +108,8 @@ def operands(m: int, n: int, k: int, dtype: str, seed: int = 0) -> tuple[np.ndar
 
 
 def amx_target(dtype: str, target: str = ONE_THREAD) -> Target:
-    """The target, refused unless it has the dtype's AMX family: tile instructions would not compile without it,
-    and would fault on a CPU without it."""
+    """The target, refused unless it has the dtype's AMX family: without it LLVM aborts the process compiling tile
+    instructions ("Cannot select: intrinsic %llvm.x86.ldtilecfg"), and a CPU without it faults on them."""
     parsed, family = Target.parse(target), DTYPES[dtype][0]
     if missing := {"amx-tile", family} - set(parsed.features):
         raise ValueError(f"bench.tile_stream times AMX's tile products, and {parsed} has no "
