@@ -29,8 +29,7 @@ from workers import build
 from workers.kernel import cfunc
 from workers.llvm_amx import A_REGISTERS, B_REGISTERS, C_REGISTERS, GROUP, STEP, TILE, Tiles, counted
 from workers.llvm_jit import compile_module
-from workers.reference import inference_call
-from workers.timing import time_samples
+from workers.reference import alternating_samples, inference_call, median_ratio
 
 from .peak import TILE_PRODUCTS, tile_peak_call
 
@@ -143,37 +142,37 @@ def kernel_call(dtype: str, m: int, n: int, k: int) -> tuple[Callable[[], None],
     return inference_call(kernel, workload.random_inputs())[0], f"config {kernel.config.index}, {origin}"
 
 
-def rates(m: int, n: int, k: int, dtype: str = "bfloat16") -> tuple[dict[str, list[float]], str]:
+def rates(m: int, n: int, k: int, dtype: str = "bfloat16") -> tuple[dict[str, list[float]], dict[str, float], str]:
     """GFLOPS (GOPS for int8; for `loads`, the product's operations over its time) of each placement, of the
-    template's kernel ("kernel") and of the peak ("peak"), one per round, the ways alternating within each round;
-    and which config the kernel has."""
+    template's kernel ("kernel") and of the peak ("peak"), one per round, the ways alternating within each round
+    (`alternating_samples`); each way's fraction of the peak, the median of the rounds' ratios; and which config the
+    kernel has."""
     peak, peak_operations = tile_peak_call(amx_target(dtype), DTYPES[dtype][0])
-    calls = {placement: (stream_call(dtype, m, n, k, placement)[0], 2 * m * n * k) for placement in PLACEMENTS}
-    kernel, config = kernel_call(dtype, m, n, k)
-    calls |= {"kernel": (kernel, 2 * m * n * k), "peak": (peak, peak_operations)}
-    found: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(ROUNDS):
-        for name, (call, operations) in calls.items():
-            found[name].append(operations / statistics.median(time_samples(call, repeat=3)) / 1e9)
-    return found, config
+    calls = {placement: stream_call(dtype, m, n, k, placement)[0] for placement in PLACEMENTS}
+    calls["kernel"], config = kernel_call(dtype, m, n, k)
+    calls["peak"] = peak
+    operations = dict.fromkeys(calls, 2 * m * n * k) | {"peak": peak_operations}
+    samples = alternating_samples(calls, 1, ROUNDS)
+    found = {name: [operations[name] / seconds / 1e9 for seconds in values] for name, values in samples.items()}
+    fractions = {name: median_ratio(samples, "peak", name, operations[name] / peak_operations)[0] for name in calls}
+    return found, fractions, config
 
 
 def main() -> None:
     m, n, k = (int(v) for v in sys.argv[1:4]) if len(sys.argv) > 3 else (128, 768, 768)
     dtype = sys.argv[4] if len(sys.argv) > 4 else "bfloat16"
     try:
-        found, config = rates(m, n, k, dtype)
+        found, fractions, config = rates(m, n, k, dtype)
     except ValueError as error:  # no AMX here, or a shape it cannot tile
         sys.exit(str(error))
-    peak = statistics.median(found["peak"])
     print(f"{DTYPES[dtype][0]}, C[{m} × {n}] = A[{m} × {k}] · B in 2 × 2 tiles, one thread: medians of {ROUNDS} "
-          "alternating rounds (their range), GFLOPS")
+          "alternating rounds (their range), GFLOPS, and the median of the rounds' fractions of the peak")
     for name, label in (("peak", "the tile products alone (peak)"), ("in L1", "2 × 2 tiles, operands in L1"),
                         ("stream", "2 × 2 tiles, streaming"), ("loads", "the stream's loads alone"),
                         ("kernel", "the template's dense kernel")):
         values = found[name]
         print(f"  {label:32s} {statistics.median(values):7.0f} ({min(values):.0f}-{max(values):.0f})"
-              f"  {statistics.median(values) / peak:4.0%} of the peak" + (f": {config}" if name == "kernel" else ""))
+              f"  {fractions[name]:4.0%} of the peak" + (f": {config}" if name == "kernel" else ""))
 
 
 if __name__ == "__main__":
