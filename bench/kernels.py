@@ -30,7 +30,7 @@ from workers.reference import alternating_samples, head_to_head, inference_call,
 from workers.task import MeasureOptions, timed_call
 
 from .model import with_spread
-from .peak import family_peak_call, family_peaks, launch_microseconds
+from .peak import RUNS_AS, family_peak_call, family_peaks, launch_microseconds
 
 MIN_REPEAT_MS = {True: 10.0, False: 30.0}  # by --quick
 # ResNet-18's distinct convolutions at batch 1: C, H = W, K, R = S, stride (padding R // 2)
@@ -143,8 +143,8 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
     ours, _ = inference_call(best.kernel, inputs)
     family = best.config.to_dict().get("isa", "fma")
     calls = {"tensortune": ours} | reference_calls(workload, target.threads, inputs)
-    if family in (peaks or {}):  # none for int8's `widen` where it splits bytes (not x86)
-        calls["peak"], peak_flops = family_peak_call(target, family)
+    if (runs_as := RUNS_AS.get(family, family)) in (peaks or {}):  # none for int8's `widen` where it splits bytes
+        calls["peak"], peak_flops = family_peak_call(target, runs_as)
     samples = alternating_samples(calls, target.threads, 3 if quick else 7, MIN_REPEAT_MS[quick])
     seconds = {name: float(np.median(values)) for name, values in samples.items()}
     gflops = {name: workload.flops / s / 1e9 for name, s in seconds.items()}

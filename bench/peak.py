@@ -26,6 +26,8 @@ ITERATIONS = 200_000
 # instruction family: its operands (A's, B's), the dtype it sums in, flops a 32-bit lane
 FAMILIES = {"fma": ("float32", "float32", "float32", 2), "avx512bf16": ("bfloat16", "bfloat16", "float32", 4),
             "avx512vnni": ("uint8", "int8", "int32", 8)}
+# a family whose product is another's instruction, and that family: bfloat16 widened to float32 copies runs FMAs
+RUNS_AS = {"fma-f32": "fma"}
 # AMX family: its tile product (an IR op), operations of one product (16 × 16 sums of 32 bf16 or 64 byte products)
 TILE_PRODUCTS = {"amx-bf16": ("dot2_amx", 2 * 16 * 16 * 32), "amx-int8": ("dot4_amx", 2 * 16 * 16 * 64)}
 TILE_ITERATIONS = 20_000

@@ -1,5 +1,6 @@
 """The instruction families of the low-precision GEMMs, one test each over both: bfloat16's (`fma`: halves widened
-and FMAs, any CPU; `avx512bf16`: AVX-512 BF16's pair dot) and int8's (`widen`: bytes widened and integer
+and FMAs, any CPU; `fma-f32`: the same on float32 copies of both operands, any CPU; `avx512bf16`: AVX-512 BF16's
+pair dot) and int8's (`widen`: bytes widened and integer
 multiply-adds, by pmaddwd on x86; `avx512vnni`: AVX-512 VNNI's byte-quad dot). Each is offered only where the target has it,
 emits its instructions on every host (assembly for a Zen 4, whatever this host is), and runs and computes its
 dtype's reference, and has its peak measured, where the host has it."""
@@ -12,12 +13,14 @@ from search_space.templates.gemm import isas
 from workers.build import generated_assembly
 from workers.llvm_codegen import generate
 from workers.llvm_jit import emit_assembly
-from tests.isa_helpers import assert_every_width_emits, assert_refused_without, check, configs_using, zen4
+from tests.isa_helpers import HOST, assert_every_width_emits, assert_refused_without, check, configs_using, zen4
 
 ONE = Target.parse("llvm -threads=1")
+AVX2 = Target.parse("llvm -mcpu=znver3 -mattr=+avx,+avx2,+fma -threads=1")
 # special family → its dtype, its instruction, its IR op; the dtype's family for any CPU, and an instruction of it
 SPECIAL = {"avx512bf16": ("bfloat16", "vdpbf16ps", "dot2_bf16", "fma", "vfmadd"),
            "avx512vnni": ("int8", "vpdpbusd", "dot4_vnni", "widen", "vpmaddwd")}
+ANY_CPU = {"bfloat16": ("fma", "fma-f32"), "int8": ("widen",)}  # a GEMM's families on every CPU (conv2d's: the first)
 ODD_SHAPES = lambda dtype: [dense(33, 100, 77, bias=True, epilogue="gelu", dtype=dtype),
                             batch_matmul(3, 17, 42, 31, dtype=dtype), matmul(64, 64, 3072, dtype=dtype),
                             conv2d(1, 19, 9, 11, 21, 3, 3, 2, 1, bias=True, residual=True, epilogue="relu", dtype=dtype)]
@@ -32,9 +35,9 @@ def on_host(family: str):
 def test_the_special_family_is_offered_only_where_the_target_has_it(family):
     dtype, _, _, generic, _ = SPECIAL[family]
     target, workload = zen4(family), dense(64, 768, 768, dtype=dtype)
-    assert isas(target, dtype) == (generic, family) and fallback_config(workload, target)["isa"] == family
+    assert isas(target, dtype) == ANY_CPU[dtype] + (family,) and fallback_config(workload, target)["isa"] == family
     narrowed = Target.parse(str(target).replace(f",+{family}", ""))
-    assert get_space(workload, narrowed).knobs["isa"].candidates == (generic,)
+    assert get_space(workload, narrowed).knobs["isa"].candidates == ANY_CPU[dtype]
     assert family not in Target.parse(f"llvm -mattr=-{family}").features  # the host, narrowed
     assert family not in get_space(workload, Target.parse(f"llvm -mattr=-{family}")).knobs["isa"].candidates
     assert "isa" not in get_space(dense(64, 768, 768), target).knobs  # float32 spaces are as they were
@@ -68,7 +71,7 @@ def test_each_family_emits_its_instructions_on_any_host(family):
 def test_widened_bytes_are_multiplied_in_16_bit_pairs_on_avx2(vec):
     """On an AVX2 CPU (a Zen 3) int8's `widen` multiplies by pmaddwd, no 32-bit multiply (vpmulld) in its dot; a
     target without x86's vectors splits each quad into bytes (exactness: test_int8's sums beyond float32)."""
-    target, workload = Target.parse("llvm -mcpu=znver3 -mattr=+avx,+avx2,+fma -threads=1"), matmul(64, 64, 256, dtype="int8")
+    target, workload = AVX2, matmul(64, 64, 256, dtype="int8")
     [config] = configs_using(workload, target, "widen", 1, vec=vec, pack_b=True)
     assembly = generated_assembly(lower(workload, target, config), target)
     compute = assembly[assembly.index("micro_kernel"):]
@@ -83,7 +86,7 @@ def test_a_convolution_reads_its_channels_in_the_familys_groups(family):
     dtype, instruction, dot, generic, generic_instruction = SPECIAL[family]
     target, workload = zen4(family), conv2d(1, 64, 14, 14, 64, 3, 3, 1, 1, bias=True, dtype=dtype)
     special = fallback_config(workload, target)
-    assert get_space(workload, target).knobs["isa"].candidates == (generic, family) == isas(target, dtype)
+    assert get_space(workload, target).knobs["isa"].candidates == (generic, family)
     assembly = generated_assembly(lower(workload, target, special), target)
     assert special["isa"] == family and sum(instruction in line and "zmm" in line for line in assembly.splitlines()) >= 32
     assert_generic_family_emits(workload, target, special, family)
@@ -114,21 +117,19 @@ def test_the_peak_of_each_family_is_measured_with_its_instruction(family):
 def test_the_peak_kernels_carry_as_many_chains_as_the_registers_hold_and_spill_none():
     """24 accumulators on AVX-512's 32 registers (on 12, a Zen 5's bf16 pair dot ran 8% under its rate), 12 on
     AVX2's 16; none of them, nor an operand, goes to the stack."""
-    avx2 = Target.parse("llvm -mcpu=znver3 -mattr=+avx,+avx2,+fma -threads=1")
-    assert (chains(zen4()), chains(avx2)) == (24, 12)
-    kernels = [(zen4(family) if family in SPECIAL else zen4(), family) for family in FAMILIES] + [(avx2, "fma")]
+    assert (chains(zen4()), chains(AVX2)) == (24, 12)
+    kernels = [(zen4(family) if family in SPECIAL else zen4(), family) for family in FAMILIES] + [(AVX2, "fma")]
     for target, family in kernels:
         assembly = generated_assembly(peak_program(1, target.vector_bits // 32, family, chains(target)), target)
         assert "(%rsp)" not in assembly, (target, family)
-    for target in (zen4(), avx2):
+    for target in (zen4(), AVX2):
         assert "(%rsp)" not in emit_assembly(widen_peak_module(target), target), target
 
 
 def test_the_widened_dots_peak_is_measured_with_pmaddwd():
     """`widen`'s peak kernel multiplies by pmaddwd on AVX2 and AVX-512 CPUs (two a chain and iteration: none hoisted
     out of its loop); where the host runs `widen` by it, bench kernels' int8 peaks include it."""
-    avx2 = Target.parse("llvm -mcpu=znver3 -mattr=+avx,+avx2,+fma -threads=1")
-    for target in (avx2, zen4()):
+    for target in (AVX2, zen4()):
         assert has_widen_peak(target)
         assert emit_assembly(widen_peak_module(target), target).count("vpmaddwd") == 2 * chains(target)
     assert not has_widen_peak(Target.parse("llvm -mcpu=znver3 -mattr=-avx,-avx2,-fma -threads=1"))
@@ -148,3 +149,37 @@ def test_a_matmuls_operand_is_packed_in_groups_by_vector_shuffles(dtype):
     pack = assembly[assembly.index("pack_B:"):assembly.index(".Lfunc_end", assembly.index("pack_B:"))]
     instructions = [line.split()[0] for line in pack.splitlines() if line.startswith("\t") and not line.startswith("\t.")]
     assert any("zmm" in line for line in pack.splitlines()) and not {"movw", "movb", "movzwl", "movzbl"} & set(instructions)
+
+
+def micro_kernel_and_packing(workload, target: Target, config) -> tuple[str, list[str]]:
+    """The assembly of the config's micro-kernel, and the instructions of its packing of B."""
+    assembly = generated_assembly(lower(workload, target, config), target)
+    start = assembly.index(f"pack_{'W' if workload.op == 'dense' else 'B'}:")
+    pack = assembly[start:assembly.index(".Lfunc_end", start)]
+    return (assembly[assembly.index("micro_kernel"):],
+            [line.split()[0] for line in pack.splitlines() if line.startswith("\t") and not line.startswith("\t.")])
+
+
+@pytest.mark.parametrize("target", [AVX2, zen4(), zen4("avx512bf16")], ids=["avx2", "avx512", "avx512bf16"])
+def test_the_widened_family_multiplies_float32_copies_of_its_operands(target):
+    """`fma-f32`, on every CPU, for bfloat16 GEMMs and not convolutions: B widened as it is packed, by whole vectors
+    (dense's weights and a batch_matmul's kᵀ read in place, transposed: no element moved on its own), A into a
+    float32 copy; its micro-kernel widens nothing (no shift left: `fma`'s widens by them)."""
+    assert "fma-f32" in get_space(dense(64, 768, 768, dtype="bfloat16"), target).knobs["isa"].candidates
+    assert "fma-f32" not in get_space(ODD_SHAPES("bfloat16")[-1], target).knobs["isa"].candidates
+    for workload in (dense(128, 768, 768, dtype="bfloat16"),
+                     batch_matmul(12, 128, 128, 64, "bfloat16", b_strides="8192:1:64")):
+        for config in configs_using(workload, target, "fma-f32", 2, vec=target.vector_bits // 32):
+            kernel, pack = micro_kernel_and_packing(workload, target, config)
+            assert "vfmadd" in kernel and "vpslld" not in kernel, config
+            assert "vpslld" in pack and not {"movw", "movzwl"} & set(pack), config
+            paired = get_space(workload, target).config(config.to_dict() | {"isa": "fma"})
+            assert "vpslld" in micro_kernel_and_packing(workload, target, paired)[0]
+
+
+def test_the_widened_family_computes_the_reference():
+    """On this host, one thread and two, odd shapes: dense with bias and GELU, batch_matmul, matmul with a long k."""
+    for workload in ODD_SHAPES("bfloat16")[:-1]:
+        for target in (ONE, HOST):
+            for config in configs_using(workload, target, "fma-f32", 3):
+                check(workload, target, config)

@@ -111,7 +111,8 @@ def test_a_small_images_convolution_seeds_blocks_as_wide_as_its_output_row():
 
 def test_amx_seeds_its_larger_block_of_tiles_and_the_narrowed_target_gets_its_vector_family():
     """An AMX target's fallback is a block of 2 × 2 tiles, its seed the same in 4 × 4; without AMX, the seeds are
-    AVX-512 BF16's blocks, then the same blocks widened into FMAs (the faster family on some CPUs)."""
+    AVX-512 BF16's blocks, then the same blocks on float32 copies of the operands, then widened into FMAs as they
+    are loaded (faster families on some CPUs)."""
     workload = dense(128, 768, 768, dtype="bfloat16")
     amx = zen4("avx512bf16", "amx-tile", "amx-bf16")
     fallback, (seed,) = fallback_config(workload, amx), seed_configs(workload, amx)
@@ -120,8 +121,8 @@ def test_amx_seeds_its_larger_block_of_tiles_and_the_narrowed_target_gets_its_ve
     assert {knob: value for knob, value in seed.to_dict().items() if knob not in ("tile_m", "tile_n")} == \
         {knob: value for knob, value in fallback.to_dict().items() if knob not in ("tile_m", "tile_n")}
     narrowed = seed_configs(workload, zen4("avx512bf16"))
-    assert [seed["isa"] for seed in narrowed] == ["avx512bf16"] * 4 + ["fma"] * 4
-    assert but_isa(narrowed[:4]) == but_isa(narrowed[4:])
+    assert [seed["isa"] for seed in narrowed] == ["avx512bf16"] * 4 + ["fma-f32"] * 4 + ["fma"] * 4
+    assert but_isa(narrowed[:4]) == but_isa(narrowed[8:])
 
 
 @pytest.mark.parametrize("workload", [dense(128, 768, 768, dtype="int8"),

@@ -73,16 +73,16 @@ def test_every_template_is_covered():
 
 
 def test_a_dtype_whose_configs_changed_alone_is_versioned_apart():
-    """bfloat16 convolutions gained the `isa` knob and grouped layouts, int8 GEMMs another multiply: their records
-    are of another version, while float32's code (hashed above) and so its records are as they were (GEMMs' until
-    dense's `prefetch` knob, version 2: int8's went one ahead; convolutions' until the data was packed by rows,
-    version 2: bfloat16's went one ahead)."""
+    """bfloat16 convolutions gained the `isa` knob and grouped layouts, int8 GEMMs another multiply, bfloat16 GEMMs
+    the `fma-f32` family (new indices): their records are of another version, while float32's code (hashed above)
+    and so its records are as they were (GEMMs' until dense's `prefetch` knob, version 2: int8's and bfloat16's went
+    one ahead; convolutions' until the data was packed by rows, version 2: bfloat16's went one ahead)."""
     workload = conv2d(1, 16, 14, 14, 32, 3, 3, 1, 1)
     assert template_version(workload, CPU) == 2
     assert template_version(workload.in_dtype("bfloat16"), CPU) == 3 and "isa" in get_space(
         workload.in_dtype("bfloat16"), CPU).knobs
     gemm = GEMMS[1]  # int8's `widen` multiplies by pmaddwd
-    assert (template_version(gemm, CPU), template_version(gemm.in_dtype("int8"), CPU)) == (2, 3)
+    assert [template_version(gemm.in_dtype(dtype), CPU) for dtype in ("float32", "int8", "bfloat16")] == [2, 3, 3]
 
 
 def test_a_target_whose_configs_changed_alone_is_versioned_apart():
@@ -93,8 +93,8 @@ def test_a_target_whose_configs_changed_alone_is_versioned_apart():
     amx = Target.parse(f"llvm -mcpu=sapphirerapids -mattr={vector},+amx-tile,+amx-bf16,+amx-int8 -threads=4")
     narrowed = Target.parse(f"llvm -mcpu=sapphirerapids -mattr={vector} -threads=4")
     gemm = GEMMS[1]
-    assert [template_version(gemm.in_dtype(dtype), amx) for dtype in ("float32", "bfloat16", "int8")] == [2, 5, 6]
-    assert [template_version(gemm.in_dtype(dtype), narrowed) for dtype in ("float32", "bfloat16", "int8")] == [2, 2, 3]
+    assert [template_version(gemm.in_dtype(dtype), amx) for dtype in ("float32", "bfloat16", "int8")] == [2, 6, 6]
+    assert [template_version(gemm.in_dtype(dtype), narrowed) for dtype in ("float32", "bfloat16", "int8")] == [2, 3, 3]
     product = matmul(64, 48, 40, dtype="bfloat16")  # dense has the knob everywhere
     assert "shared" in get_space(product, amx).knobs["prefetch"].candidates
     assert "prefetch" not in get_space(product, narrowed).knobs

@@ -56,6 +56,8 @@ _BFloat._create_instance()
 BF16 = _BFloat()
 ELEMENTS = {"float32": F32, "bfloat16": I16, "uint8": I8, "int8": I8, "int32": I32}  # how elements are held in memory
 SIGNED = ("int8", "int32")
+# (source, destination) dtypes of the copies emitted as whole vectors: the bits moved, or bfloat16 widened
+COPIES = {(dtype, dtype) for dtype in ELEMENTS} | {("bfloat16", "float32")}
 WIDTHS = {4: "128", 8: "256", 16: "512"}  # vdpbf16ps's and vpdpbusd's 32-bit lanes → the intrinsic's suffix
 # the group dots: their operands' dtypes (A's, B's), and the instruction of the feature that names the special one
 GROUP_DOTS = {"dot2": ("bfloat16", "bfloat16"), "dot2_bf16": ("bfloat16", "bfloat16"), "dot4": ("uint8", "int8"),
@@ -357,7 +359,8 @@ class LLVMCodegen:
     def transposed_copy(self, f: _Function, vector: _Vector, rows: Loop, store: Store) -> None:
         """dst[l, k] = src[k, l] over a square block of w × w (w a power of two): w vector loads along the source's
         rows, a transposition in registers by log2(w) rounds of two-vector shuffles (round t swaps bit t of the row
-        and lane indices), w vector stores along the destination's rows; not w² single-lane stores."""
+        and lane indices), w vector stores along the destination's rows (bfloat16 widened into a float32 one);
+        not w² single-lane stores."""
         b, width = f.builder, vector.width
         lines = []
         for row in range(width):
@@ -377,6 +380,7 @@ class LLVMCodegen:
         offset = store.buffer.flat(store.index)
         for lane, line in enumerate(lines):  # line `lane` holds lane `lane` of every source row: a destination row
             f.env[vector.var], f.env[rows.var] = lane, 0
+            line = line if store.buffer.dtype == store.value.buffer.dtype else widen(b, line, store.value.buffer.dtype)
             b.store(line, self.address(f, store.buffer, self.index_parts(f, offset, None), line.type),
                     align=store.buffer.itemsize)
         del f.env[vector.var], f.env[rows.var]
@@ -623,13 +627,13 @@ class LLVMCodegen:
 
 def _unrolled_copy(loop: Loop) -> tuple[Loop, Store, Affine, Affine] | None:
     """(the inner loop, its store, the destination's and the source's offsets) when a vectorized loop holds only an
-    unrolled loop (of a power-of-two extent) of one copy between buffers of one dtype."""
+    unrolled loop (of a power-of-two extent) of one copy between buffers of one dtype, or from bfloat16 to float32."""
     inner = loop.body[0] if len(loop.body) == 1 and isinstance(loop.body[0], Loop) else None
     if (inner is None or inner.kind != "unrolled" or inner.extent & (inner.extent - 1) or len(inner.body) != 1
             or not isinstance(inner.body[0], Store)):
         return None
     store = inner.body[0]
-    if not isinstance(store.value, Load) or store.value.buffer.dtype != store.buffer.dtype:
+    if not isinstance(store.value, Load) or (store.value.buffer.dtype, store.buffer.dtype) not in COPIES:
         return None
     return inner, store, store.buffer.flat(store.index), store.value.buffer.flat(store.value.index)
 
@@ -679,7 +683,7 @@ def _interleaved(loop: Loop) -> tuple[Loop, Store] | None:
 
 def _transposed(loop: Loop) -> tuple[Loop, Store] | None:
     """(the row loop, its store) when a vectorized loop of w lanes holds only an unrolled loop of w copies (w a power
-    of two) dst[.., l, k] = src[.., k, l] (same dtype), the source moving one element a lane, the destination one
+    of two) dst[.., l, k] = src[.., k, l] (same dtype, or bfloat16 into float32), the source moving one element a lane, the destination one
     element a row: a square block transposed (dense's weights packed into panels)."""
     found = _unrolled_copy(loop)
     if found is None or found[0].extent != loop.extent:

@@ -27,7 +27,7 @@ from ..target import Target
 from ..workload import Workload, conv2d_activation, conv2d_output
 from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
-from .gemm import AMX, DOTS, FAMILIES, UNROLL_CHOICES, isas
+from .gemm import AMX, DOTS, FAMILIES, UNROLL_CHOICES, WIDENED, isas
 from .gemm_operands import input_buffers
 from .register_blocks import fills, seed_blocks, seed_families
 
@@ -79,7 +79,8 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     register_block = [(("tile_k", "tile_ow", "vec"), fits)]
     if workload.dtype not in FAMILIES:
         return ConfigSpace(knobs, register_block)
-    families = tuple(family for family in isas(target, workload.dtype) if family not in AMX)
+    # not AMX's tiles, nor GEMM's widened copies of the operands (a convolution's data would be copied whole)
+    families = tuple(family for family in isas(target, workload.dtype) if family not in AMX + (WIDENED,))
     knobs.append(Knob("isa", "annotate", families))
     # the special dots on 16 lanes, or fewer with AVX-512 VL
     reads = lambda isa, vec: isa == families[0] or vec == 16 or "avx512vl" in target.features

@@ -11,6 +11,9 @@ W's row that many steps on.
 bfloat16 sums in float32 registers. Its packed B holds k in adjacent pairs, Bp[n/nr][k/2][nr][2],
 so that one 32-bit load brings two k of A or of a B column: the `isa` knob multiplies the pairs
 by two FMAs on widened halves (`fma`, any CPU) or by AVX-512 BF16's pair dot (`avx512bf16`).
+Or (`fma-f32`, any CPU) both operands are widened before the product, B as it is packed into
+float32 panels (once, for bound weights) and A into a float32 copy at each call, and the product
+is float32's: no widening in the inner loop, at twice the packed weights' bytes.
 Partial sums of a k-block go to a float32 workspace, not through the bfloat16 output.
 
 int8 (uint8 A × int8 B) sums in int32 registers, exactly. Its packed B holds k in groups of four
@@ -44,13 +47,17 @@ from .register_blocks import best_blocks, fills, reduction_block, seed_blocks, s
 
 VERSION = 2  # bumped whenever a change alters the code generated for some config, or what a config means (2: dense's
 # `prefetch` knob, which gave its configs new indices)
-DTYPE_VERSIONS = {"int8": 3}  # one ahead: int8's `widen` has multiplied by pmaddwd on x86 since float32's version 1
+# int8 one ahead: its `widen` has multiplied by pmaddwd on x86 since float32's version 1; bfloat16 one ahead: its
+# `fma-f32` family gave its configs new indices
+DTYPE_VERSIONS = {"int8": 3, "bfloat16": 3}
 DTYPES = ("float32", "bfloat16", "int8")
 VIEWS = True  # reads batch_matmul's operands through the strides its workload gives
 VECTOR_SPLITS = ("tile_n",)  # splits whose register tile is counted in vectors: scaled with `vec` to another CPU
-# per dtype whose packed B holds k in groups (as many as a 32-bit lane holds): the `isa` families (the one any CPU
-# has first, then the one named by its target feature), and the IR op each family's dot is
-FAMILIES = {"bfloat16": ("fma", "avx512bf16", "amx-bf16"), "int8": ("widen", "avx512vnni", "amx-int8")}
+# per dtype whose packed B holds k in groups (as many as a 32-bit lane holds): the `isa` families (those any CPU
+# has first, then those named by a target feature), and the IR op each family's dot is
+FAMILIES = {"bfloat16": ("fma", "fma-f32", "avx512bf16", "amx-bf16"), "int8": ("widen", "avx512vnni", "amx-int8")}
+WIDENED = "fma-f32"  # bfloat16's family whose operands are widened to float32 before the product: float32's
+GENERIC = ("fma", WIDENED, "widen")  # the families any CPU has
 DOTS = {"fma": "dot2", "avx512bf16": "dot2_bf16", "amx-bf16": "dot2_amx", "widen": "dot4", "avx512vnni": "dot4_vnni",
         "amx-int8": "dot4_amx"}
 AMX = ("amx-bf16", "amx-int8")
@@ -123,8 +130,10 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
         return ConfigSpace(knobs, constraints)
     generic = FAMILIES[workload.dtype][0]
     knobs.append(Knob("isa", "annotate", isas(target, workload.dtype)))
-    # the special dots read the group layout of the packed B, on 16 lanes (or fewer with AVX-512 VL)
-    groups_read = lambda isa, pack_b, vec: isa == generic or (pack_b and (vec == 16 or "avx512vl" in target.features))
+    # the special dots read the group layout of the packed B, on 16 lanes (or fewer with AVX-512 VL); the widened
+    # family reads B as packed (unpacked, it would be `fma` unpacked: B's pairs widened as loaded)
+    groups_read = lambda isa, pack_b, vec: isa == generic or (pack_b and (
+        isa == WIDENED or vec == 16 or "avx512vl" in target.features))
     if not amx:
         return ConfigSpace(knobs, constraints + [(("isa", "pack_b", "vec"), groups_read)], strata="isa")
     if not dense:  # AMX's tile products prefetch in every op
@@ -169,9 +178,9 @@ def offers_amx(workload: Workload, target: Target) -> bool:
 def isas(target: Target, dtype: str = "bfloat16") -> tuple[str, ...]:
     """The instruction families a product in `dtype` may use on the target: widening (and FMA) everywhere, AVX-512
     BF16's pair dot or VNNI's byte-quad dot, and AMX's tile product, where the target has them."""
-    generic, *special = FAMILIES[dtype]
-    has = lambda family: family in target.features and (family not in AMX or "amx-tile" in target.features)
-    return (generic,) + tuple(family for family in special if has(family))
+    has = lambda family: family in GENERIC or family in target.features and (
+        family not in AMX or "amx-tile" in target.features)
+    return tuple(family for family in FAMILIES[dtype] if has(family))
 
 
 def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
@@ -224,10 +233,11 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
                                         target))]
     if workload.op == "batch_matmul" and workload.dtype == "float32":
         base["pack_b"] = False
-    itemsize, k_blocks = ITEMSIZE[gemm_operands(workload)[0].dtype], [s[1] for s in space_.knobs["tile_k"].candidates]
+    k_blocks = [s[1] for s in space_.knobs["tile_k"].candidates]
+    itemsize = lambda family: ITEMSIZE["float32" if family.get("isa") == WIDENED else gemm_operands(workload)[1].dtype]
     return [space_.nearest(balanced(base | family | {"vec": vec, "tile_m": (-1, BLOCK_TILES, mr),
                                                      "tile_n": (-1, BLOCK_TILES, nr),
-                                                     "tile_k": (-1, reduction_block(nr, itemsize, k_blocks))},
+                                                     "tile_k": (-1, reduction_block(nr, itemsize(family), k_blocks))},
                                     workload, target))
             for family in seed_families(space_)
             for vec, mr, nr in seed_blocks(space_, "tile_m", "tile_n", MOST_VECTORS, target.vector_registers)]
@@ -261,11 +271,15 @@ class _Gemm:
         self.batched = workload.op == "batch_matmul"
         self.inputs = input_buffers(workload)
         self.a, self.b, self.bias, self.c = gemm_operands(workload)
-        grouped = self.pack and workload.dtype in FAMILIES
+        self.widened = self.isa == WIDENED
+        grouped = self.pack and workload.dtype in FAMILIES and not self.widened
         self.group = 4 // ITEMSIZE[self.b.dtype] if grouped else 1  # k per 32-bit lane of the packed B
         panels = -(-self.n // self.nr)
         depth = (-(-self.k // self.group), self.nr, self.group) if self.group > 1 else (self.k, self.nr)
-        self.bp = Buffer("Bp", ((self.batch,) if self.batched else ()) + (panels,) + depth, "packed", self.b.dtype)
+        batches = (self.batch,) if self.batched else ()
+        self.bp = Buffer("Bp", batches + (panels,) + depth, "packed", "float32" if self.widened else self.b.dtype)
+        # the widened family's float32 copy of A, made at each call, which the micro-kernel reads in A's place
+        self.aw = Buffer("Aw", batches + (self.m, self.k), "packed", "float32")
         self.sums = "int32" if workload.dtype == "int8" else "float32"
         self.zero = Const(0 if self.sums == "int32" else 0.0)
         self.acc = Buffer("acc", (self.mr, self.nr), "register", self.sums)
@@ -296,15 +310,32 @@ class _Gemm:
         if self.pack:
             buffers.append(self.bp)
             stages.append(Stage("pack_" + self.b.name, tuple(self.pack_stage()), constant=self.workload.op == "dense"))
+        if self.widened:
+            buffers.append(self.aw)
+            stages.append(Stage("widen_" + self.a.name, tuple(self.widen_stage())))
         if self.partial is not self.c:
             buffers.append(self.partial)
         stages.append(Stage("compute", tuple(self.compute_stage())))
         registers = [self.acc] + ([self.result] if self.result is not self.acc else [])
         return Program(self.workload.key, tuple(buffers + registers), tuple(stages))
 
+    @property
+    def threaded(self) -> str:
+        """The kind of a stage's outer loop: parallel where the compute stage's is."""
+        return "parallel" if self.parallel != "none" else "serial"
+
+    def widen_stage(self):
+        """Aw[m, k] = A[m, k] in float32, a row at a time in vectors along k (A read through its strides)."""
+        def rows(b):
+            element = lambda k0: self._batch(b, var("m"), k0 + var("k"))
+            return [Loop("m", self.m, "serial" if self.batched else self.threaded, tuple(tiled(
+                "kv", self.k, self.vec, 0, lambda k0, w: [Loop("k", w, "vectorized", (
+                    self.aw.store(element(k0), self.a[element(k0)]),))])))]
+        return [Loop("b", self.batch, self.threaded, tuple(rows(var("b"))))] if self.batched else rows(Affine())
+
     def pack_stage(self):
         """Bp[p, k, l] = B[k, p·nr + l]: each panel of nr columns contiguous along k."""
-        par = "parallel" if self.parallel != "none" else "serial"
+        par = self.threaded
 
         def panel(b, p0, width):
             p = p0.exact_div(self.nr)
@@ -380,7 +411,7 @@ class _Gemm:
         zero = rows(lambda r, c: [self.acc.store((r, c), self.zero)])
         source = (lambda k, c: self.bp[self._batch(b, var("p0"), k, c)]) if self.pack else \
             (lambda k, c: self.b_element(b, k, n0 + c))
-        a = lambda r, k: self.a[self._batch(b, m0 + r, k)]
+        a = lambda r, k: (self.aw if self.widened else self.a)[self._batch(b, m0 + r, k)]
         fma = lambda r, c, x, y: [self.acc.store((r, c), Op("fma", (x, y, self.acc[r, c])))]
         unrolled = lambda step: lambda k, u: [Loop("ku", u, "unrolled", tuple(step(k + var("ku"))))]
         if self.group > 1:
