@@ -14,7 +14,8 @@ bfloat16 and int8 read their channels in the GEMM template's groups (2 bfloat16 
 the packed weights hold each group of a channel block adjacent, Wk[..][cb/g][kb][g], so that a group of the
 data's adjacent channels, broadcast, meets a vector of kb channels' groups, and the `isa` knob picks the GEMM
 template's dot for them (widened, or AVX-512 BF16's / VNNI's). A block of channels that is not whole groups
-is zero-padded to them. int8 (uint8 data, int8 weights) pads the image with the zero point, sums exactly in
+is zero-padded to them. bfloat16's `fma-f32` packs both in float32 instead (the data is packed at every call
+anyway), and the micro-kernel is float32's. int8 (uint8 data, int8 weights) pads the image with the zero point, sums exactly in
 int32 and dequantizes as it writes, as dense does.
 """
 from __future__ import annotations
@@ -33,7 +34,8 @@ from .register_blocks import fills, seed_blocks, seed_families
 
 VERSION = 2  # bumped whenever a change alters the code generated for some config, or what a config means (2: the
 # data packed a row at a time, by every thread where threads split output rows or channels)
-DTYPE_VERSIONS = {"bfloat16": 3}  # one ahead: bfloat16 gained the `isa` knob and grouped layouts at float32's 1
+# bfloat16 two ahead: it gained the `isa` knob and grouped layouts at float32's 1, then the `fma-f32` family
+DTYPE_VERSIONS = {"bfloat16": 4}
 DTYPES = ("float32", "bfloat16", "int8")
 VECTOR_SPLITS = ("tile_k",)  # splits whose register tile is counted in vectors: scaled with `vec` to another CPU
 OWR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 28)
@@ -47,9 +49,14 @@ def _channel_blocks(c: int, group: int) -> tuple[int, ...]:
     return tuple(b for b in blocks if b % group == 0) or blocks[-1:]
 
 
-def _group(workload: Workload) -> int:
+def _packed(workload: Workload, isa: str | None = None) -> str:
+    """The dtype the data is packed in: its own, or float32 where the family widens it ahead (`fma-f32`)."""
+    return "float32" if isa == WIDENED else workload.operand_dtype("data")
+
+
+def _group(workload: Workload, isa: str | None = None) -> int:
     """The channels a 32-bit lane of the packed operands holds: 2 in bfloat16, 4 in int8, else 1."""
-    return 4 // ITEMSIZE[workload.operand_dtype("data")] if workload.dtype in FAMILIES else 1
+    return 4 // ITEMSIZE[_packed(workload, isa)] if workload.dtype in FAMILIES else 1
 
 
 def space(workload: Workload, target: Target) -> ConfigSpace:
@@ -79,11 +86,10 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     register_block = [(("tile_k", "tile_ow", "vec"), fits)]
     if workload.dtype not in FAMILIES:
         return ConfigSpace(knobs, register_block)
-    # not AMX's tiles, nor GEMM's widened copies of the operands (a convolution's data would be copied whole)
-    families = tuple(family for family in isas(target, workload.dtype) if family not in AMX + (WIDENED,))
+    families = tuple(family for family in isas(target, workload.dtype) if family not in AMX)
     knobs.append(Knob("isa", "annotate", families))
     # the special dots on 16 lanes, or fewer with AVX-512 VL
-    reads = lambda isa, vec: isa == families[0] or vec == 16 or "avx512vl" in target.features
+    reads = lambda isa, vec: isa in (families[0], WIDENED) or vec == 16 or "avx512vl" in target.features
     return ConfigSpace(knobs, register_block + [(("isa", "vec"), reads)], strata="isa")
 
 
@@ -150,13 +156,14 @@ class _Conv2d:
         self.zero = Const(0 if self.quantized else 0.0)
         # what the padding holds: the zero point, int8's quantized 0.0
         self.padding = self.inputs["x_zero"][0] if self.quantized else self.zero
-        self.group = _group(workload)
+        self.group = _group(workload, self.isa)
         self.cbp = -(-self.cb // self.group) * self.group  # a channel block padded to whole groups
         self.hp, self.wp = (self.oh - 1) * self.stride + p["R"], (self.ow - 1) * self.stride + p["S"]
-        self.dp = Buffer("Dp", (p["N"], p["C"] // self.cb, self.hp, self.wp, self.cbp), "packed", self.data.dtype)
+        packed = _packed(workload, self.isa)
+        self.dp = Buffer("Dp", (p["N"], p["C"] // self.cb, self.hp, self.wp, self.cbp), "packed", packed)
         depth = (self.cbp // self.group, self.kb, self.group) if self.group > 1 else (self.cb, self.kb)
         self.wk = Buffer("Wk", (-(-p["K"] // self.kb), p["C"] // self.cb, p["R"], p["S"]) + depth, "packed",
-                         self.weight.dtype)
+                         packed if self.isa == WIDENED else self.weight.dtype)
         self.acc = Buffer("acc", (self.owr, self.kb), "register", "int32" if self.quantized else "float32")
         self.row_sums = Buffer("Wsum", (p["K"],), "packed", "int32")  # int8: the weights' sums, negated
 
