@@ -208,7 +208,8 @@ def ceiling(model_row: dict, ops: list[dict]) -> dict | None:
         return None
     kernels = sum(op["weight"] * op["peak_us"] for op in ops) / 1e3
     forward = round(kernels + model_row["outside_ms"]["tensortune"], 3)  # the speedup is of the forward as given
-    return {"kernels_ms": round(kernels, 3), "forward_ms": forward, "speedup": round(model_row["eager_ms"] / forward, 3)}
+    return {"kernels_ms": round(kernels, 3), "forward_ms": forward,
+            "speedup": round(model_row["eager_ms"] / forward, 3)}
 
 
 def print_profile(row: dict) -> None:

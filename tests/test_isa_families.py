@@ -168,7 +168,7 @@ def test_the_widened_family_multiplies_float32_copies_of_its_operands(target):
     convolution = conv2d(1, 64, 14, 14, 64, 3, 3, 1, 1, dtype="bfloat16")
     for workload in (dense(128, 768, 768, dtype="bfloat16"),
                      batch_matmul(12, 128, 128, 64, "bfloat16", b_strides="8192:1:64"), convolution):
-        for config in configs_using(workload, target, "fma-f32", 2, vec=target.vector_bits // 32):
+        for config in configs_using(workload, target, "fma-f32", 1, vec=target.vector_bits // 32):
             kernel, pack = micro_kernel_and_packing(workload, target, config)
             assert "vfmadd" in kernel and "vpslld" not in kernel, config
             assert workload is convolution or "vpslld" in pack and not {"movw", "movzwl"} & set(pack), config
@@ -181,5 +181,5 @@ def test_the_widened_family_computes_the_reference():
     a strided convolution with a residual."""
     for workload in ODD_SHAPES("bfloat16"):
         for target in (ONE, HOST):
-            for config in configs_using(workload, target, "fma-f32", 3):
+            for config in configs_using(workload, target, "fma-f32", 2):
                 check(workload, target, config)

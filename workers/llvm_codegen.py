@@ -380,7 +380,8 @@ class LLVMCodegen:
         offset = store.buffer.flat(store.index)
         for lane, line in enumerate(lines):  # line `lane` holds lane `lane` of every source row: a destination row
             f.env[vector.var], f.env[rows.var] = lane, 0
-            line = line if store.buffer.dtype == store.value.buffer.dtype else widen(b, line, store.value.buffer.dtype)
+            if store.buffer.dtype != store.value.buffer.dtype:
+                line = widen(b, line, store.value.buffer.dtype)
             b.store(line, self.address(f, store.buffer, self.index_parts(f, offset, None), line.type),
                     align=store.buffer.itemsize)
         del f.env[vector.var], f.env[rows.var]
@@ -683,7 +684,7 @@ def _interleaved(loop: Loop) -> tuple[Loop, Store] | None:
 
 def _transposed(loop: Loop) -> tuple[Loop, Store] | None:
     """(the row loop, its store) when a vectorized loop of w lanes holds only an unrolled loop of w copies (w a power
-    of two) dst[.., l, k] = src[.., k, l] (same dtype, or bfloat16 into float32), the source moving one element a lane, the destination one
+    of two) dst[.., l, k] = src[.., k, l] (`COPIES`), the source moving one element a lane, the destination one
     element a row: a square block transposed (dense's weights packed into panels)."""
     found = _unrolled_copy(loop)
     if found is None or found[0].extent != loop.extent:

@@ -15,8 +15,8 @@ the packed weights hold each group of a channel block adjacent, Wk[..][cb/g][kb]
 data's adjacent channels, broadcast, meets a vector of kb channels' groups, and the `isa` knob picks the GEMM
 template's dot for them (widened, or AVX-512 BF16's / VNNI's). A block of channels that is not whole groups
 is zero-padded to them. bfloat16's `fma-f32` packs both in float32 instead (the data is packed at every call
-anyway), and the micro-kernel is float32's. int8 (uint8 data, int8 weights) pads the image with the zero point, sums exactly in
-int32 and dequantizes as it writes, as dense does.
+anyway), and the micro-kernel is float32's. int8 (uint8 data, int8 weights) pads the image with the zero point,
+sums exactly in int32 and dequantizes as it writes, as dense does.
 """
 from __future__ import annotations
 
