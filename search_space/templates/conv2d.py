@@ -28,7 +28,7 @@ from ..target import Target
 from ..workload import Workload, conv2d_activation, conv2d_output
 from .dequantize import dequantized, negated_sums
 from .epilogue import epilogue
-from .gemm import AMX, DOTS, FAMILIES, UNROLL_CHOICES, WIDENED, isas
+from .gemm import AMX, DOTS, FAMILIES, UNROLL_CHOICES, WIDENED, isas, packed_dtype
 from .gemm_operands import input_buffers
 from .register_blocks import fills, seed_blocks, seed_families
 
@@ -49,14 +49,9 @@ def _channel_blocks(c: int, group: int) -> tuple[int, ...]:
     return tuple(b for b in blocks if b % group == 0) or blocks[-1:]
 
 
-def _packed(workload: Workload, isa: str | None = None) -> str:
-    """The dtype the data is packed in: its own, or float32 where the family widens it ahead (`fma-f32`)."""
-    return "float32" if isa == WIDENED else workload.operand_dtype("data")
-
-
 def _group(workload: Workload, isa: str | None = None) -> int:
     """The channels a 32-bit lane of the packed operands holds: 2 in bfloat16, 4 in int8, else 1."""
-    return 4 // ITEMSIZE[_packed(workload, isa)] if workload.dtype in FAMILIES else 1
+    return 4 // ITEMSIZE[packed_dtype(isa, workload.operand_dtype("data"))] if workload.dtype in FAMILIES else 1
 
 
 def space(workload: Workload, target: Target) -> ConfigSpace:
@@ -159,11 +154,11 @@ class _Conv2d:
         self.group = _group(workload, self.isa)
         self.cbp = -(-self.cb // self.group) * self.group  # a channel block padded to whole groups
         self.hp, self.wp = (self.oh - 1) * self.stride + p["R"], (self.ow - 1) * self.stride + p["S"]
-        packed = _packed(workload, self.isa)
-        self.dp = Buffer("Dp", (p["N"], p["C"] // self.cb, self.hp, self.wp, self.cbp), "packed", packed)
+        self.dp = Buffer("Dp", (p["N"], p["C"] // self.cb, self.hp, self.wp, self.cbp), "packed",
+                         packed_dtype(self.isa, self.data.dtype))
         depth = (self.cbp // self.group, self.kb, self.group) if self.group > 1 else (self.cb, self.kb)
         self.wk = Buffer("Wk", (-(-p["K"] // self.kb), p["C"] // self.cb, p["R"], p["S"]) + depth, "packed",
-                         packed if self.isa == WIDENED else self.weight.dtype)
+                         packed_dtype(self.isa, self.weight.dtype))
         self.acc = Buffer("acc", (self.owr, self.kb), "register", "int32" if self.quantized else "float32")
         self.row_sums = Buffer("Wsum", (p["K"],), "packed", "int32")  # int8: the weights' sums, negated
 

@@ -183,6 +183,11 @@ def isas(target: Target, dtype: str = "bfloat16") -> tuple[str, ...]:
     return tuple(family for family in FAMILIES[dtype] if has(family))
 
 
+def packed_dtype(isa: str | None, dtype: str) -> str:
+    """The dtype an operand of `dtype` is packed in under the family `isa`: float32 where it widens ahead."""
+    return "float32" if isa == WIDENED else dtype
+
+
 def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
     """The untuned default: an 8×(2 vectors) register block where it fits the register file (AVX-512's 32), else the
     block `best_blocks` ranks first there (AVX2's 16: 4 × 3 vectors, where the nearest valid config to 8 × 2 is 8 × 1,
@@ -234,7 +239,7 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
     if workload.op == "batch_matmul" and workload.dtype == "float32":
         base["pack_b"] = False
     k_blocks = [s[1] for s in space_.knobs["tile_k"].candidates]
-    itemsize = lambda family: ITEMSIZE["float32" if family.get("isa") == WIDENED else gemm_operands(workload)[1].dtype]
+    itemsize = lambda family: ITEMSIZE[packed_dtype(family.get("isa"), gemm_operands(workload)[1].dtype)]
     return [space_.nearest(balanced(base | family | {"vec": vec, "tile_m": (-1, BLOCK_TILES, mr),
                                                      "tile_n": (-1, BLOCK_TILES, nr),
                                                      "tile_k": (-1, reduction_block(nr, itemsize(family), k_blocks))},
@@ -277,7 +282,7 @@ class _Gemm:
         panels = -(-self.n // self.nr)
         depth = (-(-self.k // self.group), self.nr, self.group) if self.group > 1 else (self.k, self.nr)
         batches = (self.batch,) if self.batched else ()
-        self.bp = Buffer("Bp", batches + (panels,) + depth, "packed", "float32" if self.widened else self.b.dtype)
+        self.bp = Buffer("Bp", batches + (panels,) + depth, "packed", packed_dtype(self.isa, self.b.dtype))
         # the widened family's float32 copy of A, made at each call, which the micro-kernel reads in A's place
         self.aw = Buffer("Aw", batches + (self.m, self.k), "packed", "float32")
         self.sums = "int32" if workload.dtype == "int8" else "float32"
