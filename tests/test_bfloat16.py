@@ -27,6 +27,7 @@ from workers import build
 from workers.build import generated_assembly
 from workers.pool import make_pool
 from workers.task import MeasureOptions
+from tests.compile_helpers import compiled
 from tests.isa_helpers import (HOST, PROPERTY, check, configs_using,
                                workloads, zen4)
 from tests.test_cli_model import MODEL_FILE, refused, run
@@ -107,11 +108,6 @@ def tiny_bert():
     return transformers.BertModel(config).eval(), (torch.randint(0, 100, (1, 16)),)
 
 
-def compiled(model, db: str):
-    torch._dynamo.reset()
-    return torch.compile(model, backend="tensortune", options={"db": db})
-
-
 def test_a_model_cast_to_bfloat16_runs_on_bfloat16_kernels_as_close_to_float32_as_eager(tmp_path):
     """BERT cast by model.to(torch.bfloat16): every linear (Q, K and V fused), both attention products and the
     pooler are bfloat16 tasks; compiled, its output is no further from the float32 model's than eager bfloat16's."""
@@ -180,8 +176,7 @@ def test_a_float32_model_under_autocast_runs_on_bfloat16_kernels(graph, tmp_path
         assert [task.workload for task in extract_tasks(model, (x,))] == [
             dense(4, 32, 16, bias=True, epilogue="relu", dtype="bfloat16"), dense(4, 8, 32, bias=True, dtype="bfloat16")]
         expected = model(x)
-        torch._dynamo.reset()
-        ours = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/e.db", "graph": graph})(x)
+        ours = compiled(model, f"sqlite:///{tmp_path}/e.db", graph)(x)
     assert ours.dtype == expected.dtype == torch.bfloat16
     assert torch.allclose(ours.float(), expected.float(), atol=1e-2), (ours - expected).abs().max()
 

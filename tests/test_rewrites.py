@@ -10,6 +10,7 @@ from frontend import extract_tasks
 from frontend.capture import Captured, capture
 from frontend.rewrites import rewrite
 from search_space import batch_matmul, dense
+from tests.compile_helpers import compiled
 
 transformers = pytest.importorskip("transformers")
 
@@ -60,11 +61,6 @@ def tiny(build):
     return model.eval(), inputs
 
 
-def compiled(model, tmp_path):
-    torch._dynamo.reset()  # Dynamo's caches are process-wide
-    return torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/empty.db"})
-
-
 @pytest.mark.parametrize("build", MODELS, ids=lambda build: build.__name__)
 def test_qkv_dense_and_both_attention_matmuls_of_every_layer_are_tasks(build):
     rows, length, paths, (q, k, v), sequences = MODELS[build]
@@ -80,7 +76,7 @@ def test_qkv_dense_and_both_attention_matmuls_of_every_layer_are_tasks(build):
 def test_compiled_model_computes_what_eager_does(build, tmp_path):
     model, inputs = tiny(build)
     with torch.inference_mode():
-        expected, got = model(*inputs)[0], compiled(model, tmp_path)(*inputs)[0]
+        expected, got = model(*inputs)[0], compiled(model, f"sqlite:///{tmp_path}/empty.db")(*inputs)[0]
     assert torch.allclose(got, expected, atol=1e-5)
 
 
@@ -136,7 +132,7 @@ def test_attention_is_two_batch_matmuls_and_computes_sdpa(options, mask, tmp_pat
     products = {batch_matmul(6, 5, 7, 16, b_strides="112:1:16"), batch_matmul(6, 5, 8, 7)}
     assert {task.workload for task in extract_tasks(model, inputs)} == products
     with torch.inference_mode():
-        expected, got = F.scaled_dot_product_attention(*inputs, **options), compiled(model, tmp_path)(*inputs)
+        expected, got = F.scaled_dot_product_attention(*inputs, **options), compiled(model, f"sqlite:///{tmp_path}/empty.db")(*inputs)
     assert not expected.isnan().any() and torch.allclose(got, expected, atol=1e-5)
 
 
@@ -160,7 +156,7 @@ def test_a_boolean_mask_is_made_a_bias_once_for_every_attention_reading_it(tmp_p
     assert len(bias.users) == 2 and all(user.target is torch.add for user in bias.users)
     expected = TwoAttentions()(*inputs)
     with torch.inference_mode():
-        got = compiled(TwoAttentions(), tmp_path)(*inputs)
+        got = compiled(TwoAttentions(), f"sqlite:///{tmp_path}/empty.db")(*inputs)
     assert not expected.isnan().any() and torch.allclose(got, expected, atol=1e-5)
 
 
@@ -181,7 +177,7 @@ def test_baddbmm_is_a_batch_matmul_with_its_scaling_beside_it(beta, alpha, tmp_p
     inputs, model = (base, torch.randn(4, 6, 12), torch.randn(4, 12, 10)), Baddbmm(beta, alpha)
     assert [task.workload for task in extract_tasks(model, inputs)] == [batch_matmul(4, 6, 10, 12)]
     with torch.inference_mode():
-        expected, got = model(*inputs), compiled(model, tmp_path)(*inputs)
+        expected, got = model(*inputs), compiled(model, f"sqlite:///{tmp_path}/empty.db")(*inputs)
     assert not expected.isnan().any() and torch.allclose(got, expected, atol=1e-5)
 
 
@@ -206,7 +202,7 @@ def test_linears_reading_one_activation_are_one_dense(tmp_path):
     assert {task.workload for task in extract_tasks(model, (x,))} == {
         dense(10, 36, 24, bias=True), dense(10, 4, 24, bias=True, epilogue="relu")}
     with torch.inference_mode():
-        expected, got = model(x), compiled(model, tmp_path)(x)
+        expected, got = model(x), compiled(model, f"sqlite:///{tmp_path}/empty.db")(x)
     assert all(torch.allclose(one, other, atol=1e-5) for one, other in zip(got, expected))
 
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from frontend import extract_tasks
 from search_space import batch_matmul, dense, matmul
+from tests.compile_helpers import compiled
 from tests.test_cli_model import MODEL_FILE, refused, run
 from tests.test_frontend import frontend_lines
 
@@ -28,11 +29,6 @@ class Block(nn.Module):
     def forward(self, x):
         h = F.gelu(self.up(x))
         return self.down((h @ h.transpose(-1, -2)).softmax(-1) @ h)
-
-
-def compiled(model, db: str, graph: str = "inductor"):
-    torch._dynamo.reset()  # Dynamo's caches are process-wide: compile afresh
-    return torch.compile(model, backend="tensortune", options={"db": db, "graph": graph})
 
 
 def test_a_training_step_adds_the_products_of_the_gradients_to_the_tasks():
