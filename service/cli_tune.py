@@ -36,7 +36,7 @@ def compare_with_reference(workload, target, config) -> tuple[float, str, float]
         name, reference = "cuBLAS", seconds["cuBLAS"]
     else:
         ours, _ = inference_call(kernel, inputs)
-        library, theirs = next(iter(reference_calls(workload, target.threads, inputs).items()))
+        library, theirs = next(iter(reference_calls(workload, target.threads, inputs, pytorch=False).items()))
         seconds = head_to_head({"tensortune": ours, library: theirs}, target.threads, rounds=3)
         name, reference = reference_name(library, workload), seconds[library]
     return workload.flops / seconds["tensortune"] / 1e9, name, workload.flops / reference / 1e9

@@ -20,7 +20,7 @@ class NumpyReference:
         with self._measuring:
             if key not in self._gflops:
                 wide = workload.in_dtype("float32")
-                calls = reference_calls(wide, threads, wide.random_inputs())
+                calls = reference_calls(wide, threads, wide.random_inputs(), pytorch=False)
                 seconds = head_to_head({"numpy": calls["numpy"]}, threads, rounds=3)["numpy"]
                 self._gflops[key] = workload.flops / seconds / 1e9
             return self._gflops[key]

@@ -158,3 +158,15 @@ def test_plot_prints_an_absolute_path_and_takes_out(tmp_path):
     written = subprocess.run(CLI + ["plot", "1", "--out", "curve.png"], cwd=tmp_path, capture_output=True,
                              text=True, timeout=120, check=True).stdout.strip()
     assert written == str(tmp_path / "curve.png") and Path(written).stat().st_size > 1000
+
+
+
+def test_tunes_closing_comparison_leaves_pytorch_unimported_for_float32_and_takes_it_for_bfloat16():
+    """NumPy is float32's reference: importing PyTorch as well cost 3.7 s of a 10 s `tune` on a Zen 3."""
+    script = ("import sys; from search_space import Target, fallback_config, matmul; "
+              "from service.cli_tune import compare_with_reference; t = Target.parse('llvm -threads=1')\n"
+              "for dtype in ('float32', 'bfloat16'):\n"
+              "    w = matmul(16, 16, 16, dtype=dtype)\n"
+              "    print(compare_with_reference(w, t, fallback_config(w, t))[1] + ',', 'torch' in sys.modules)")
+    said = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert said.stdout.splitlines() == ["NumPy, False", "PyTorch bfloat16, True"], said.stdout

@@ -3,6 +3,7 @@ when installed, PyTorch CPU. Timing them in alternating rounds with the kernel m
 passing load on the machine hit all contenders alike."""
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from typing import Callable
@@ -65,16 +66,18 @@ def inference_call(kernel: Kernel, inputs) -> tuple[Callable, np.ndarray]:
     return call, out
 
 
-def reference_calls(workload: Workload, threads: int, inputs) -> dict[str, Callable]:
+def reference_calls(workload: Workload, threads: int, inputs, pytorch: bool = True) -> dict[str, Callable]:
     """Zero-argument calls computing the workload with NumPy and (when importable) PyTorch: the core product
     of matmul and dense; all of conv2d, its fused parts done by PyTorch as separate operators. NumPy has no
     bfloat16 or int8 arithmetic worth timing: such a workload's reference is PyTorch's in its dtype (oneDNN's
-    bfloat16; `int8_calls`), and without PyTorch NumPy's float32 on the same shape."""
+    bfloat16; `int8_calls`), and without PyTorch NumPy's float32 on the same shape. `pytorch=False` leaves
+    PyTorch out where NumPy has a reference (float32): importing it costs seconds (3.7 s of a 10 s `tune` on a
+    Zen 3), and a service process would hold it for nothing."""
     p = workload.p
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    torch = None
+    if pytorch or workload.dtype != "float32":
+        with contextlib.suppress(ImportError):
+            import torch
     if workload.dtype != "float32" and torch is None:
         wide = workload.in_dtype("float32")
         return reference_calls(wide, threads, [np.asarray(a, np.float32) for a in inputs])
