@@ -60,6 +60,12 @@ class JobQueue:
                 claim.release()  # it moved on (cancelled) between the read and the update
             return None
 
+    def model_jobs_active(self) -> bool:
+        """Whether a model job is queued or running: until one is, a service need not know its presets (importing
+        them imports PyTorch and Inductor, 6-10 s that would delay its first kernel job)."""
+        with self.database.sessions() as session:
+            return session.scalar(select(JobRow.id).where(JobRow.status.in_(ACTIVE), MODEL_JOB).limit(1)) is not None
+
     def own(self, workload: Workload, target: Target, tuner: str, trials: int) -> Claim:
         """The unfinished job of exactly this request, or a new one, held by this caller (`tensortune
         tune` runs it in-process); JobBusy if another live process runs it."""

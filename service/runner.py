@@ -161,7 +161,8 @@ class Runner:
         from tuner.tune import JobFailed, failure_reason  # here: the CLI imports this module, and tuner is slow
 
         self._look_for_hosts(slot)
-        claim = self.queue.claim(runnable_models(), self.waits.job_ids())
+        models = runnable_models() if self.queue.model_jobs_active() else ()
+        claim = self.queue.claim(models, self.waits.job_ids())
         if claim is None:
             return False
         try:

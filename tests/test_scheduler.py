@@ -241,13 +241,15 @@ def test_bad_requests_are_refused_before_any_job_exists(tmp_path):
 
 
 def test_a_models_task_jobs_are_never_claimed_nor_resumed_as_single_jobs(database):
-    model = database.create_model_job("m", [HEAVY, SMALL], TARGET, "random", 8)
-    assert [job.parent_id for job in database.children(model)] == [model, model]
-    single = database.create_job(HEAVY, TARGET, "random", 8)
-    assert database.unfinished_job(HEAVY, TARGET, "random", 8).id == single
     queue = JobQueue(database)
+    single = database.create_job(HEAVY, TARGET, "random", 8)
+    assert not queue.model_jobs_active()  # a service does not import its presets (PyTorch) for a kernel job
+    model = database.create_model_job("m", [HEAVY, SMALL], TARGET, "random", 8)
+    assert queue.model_jobs_active()
+    assert [job.parent_id for job in database.children(model)] == [model, model]
+    assert database.unfinished_job(HEAVY, TARGET, "random", 8).id == single
     claims = [queue.claim(), queue.claim()]
-    assert [claim.job_id for claim in claims] == [model, single] and queue.claim() is None  # never a task's job
+    assert [claim.job_id for claim in claims] == [single, model] and queue.claim() is None  # never a task's job
     for claim in claims:
         claim.release()
     preset_only = queue.claim(models=("bert-layer",))  # a service skips a model job that is not its preset

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from db import Database
 from db_helpers import db_url  # noqa: F401 (fixture)
@@ -32,6 +33,8 @@ def test_a_killed_service_resumes_its_job_without_repeating_or_losing_a_measurem
         records = database.job_records(job_id)
         assert database.job(job_id).status == "done" and len(records) == 30
         assert len({r.input.config.index for r in records}) == 30
+        # a kernel job's service never imports PyTorch (its import would have delayed the job by 6-10 s)
+        assert "libtorch" not in Path(f"/proc/{server.pid}/maps").read_text()
         listed = subprocess.run(CLI + ["jobs"], env={**env, "COLUMNS": "200"}, capture_output=True, text=True,
                                 check=True).stdout
         assert "30/30" in listed and "done" in listed
