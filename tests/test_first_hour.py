@@ -160,7 +160,6 @@ def test_plot_prints_an_absolute_path_and_takes_out(tmp_path):
     assert written == str(tmp_path / "curve.png") and Path(written).stat().st_size > 1000
 
 
-
 def test_tunes_closing_comparison_leaves_pytorch_unimported_for_float32_and_takes_it_for_bfloat16():
     """NumPy is float32's reference: importing PyTorch as well cost 3.7 s of a 10 s `tune` on a Zen 3."""
     script = ("import sys; from search_space import Target, fallback_config, matmul; "
