@@ -427,8 +427,7 @@ class LLVMCodegen:
         vt = ir.VectorType(F32, vector.width) if vector else F32
         if isinstance(value, Const):
             scalar = I32 if isinstance(value.value, int) else F32
-            return ir.Constant(ir.VectorType(scalar, vector.width), [value.value] * vector.width) if vector else \
-                ir.Constant(scalar, value.value)
+            return splat_constant(ir.VectorType(scalar, vector.width) if vector else scalar, value.value)
         if isinstance(value, Load):
             return self.load(f, value, vector)
         if value.name in PRODUCTS:
@@ -533,7 +532,7 @@ class LLVMCodegen:
         Each lane of a pmaddwd sums two products of at most 255·128 in magnitude: exact in 32 bits."""
         halves = ir.VectorType(I16, 2 * acc.type.count)
         a16, b16 = b.bitcast(a_group, halves), b.bitcast(b_groups, halves)
-        const = lambda n: ir.Constant(halves, [n] * halves.count)
+        const = lambda n: splat_constant(halves, n)
         pmaddwd = self._extern(intrinsic, acc.type, [halves, halves])
         even = b.call(pmaddwd, [b.and_(a16, const(0xFF)), b.ashr(b.shl(b16, const(8)), const(8))])
         odd = b.call(pmaddwd, [b.lshr(a16, const(8)), b.ashr(b16, const(8))])
@@ -548,7 +547,7 @@ class LLVMCodegen:
     def rational(self, f: _Function, x, vt, clamp: float, odd: tuple, even: tuple):
         """x·P(x²)/Q(x²) on x clamped to [-clamp, clamp] (tanh, erf): Horner's rule in FMAs."""
         b = f.builder
-        const = lambda c: ir.Constant(vt, [c] * vt.count) if isinstance(vt, ir.VectorType) else ir.Constant(F32, c)
+        const = lambda c: splat_constant(vt, c)
         fma = self._intrinsic("llvm.fma", vt, 3)
         x = b.call(self._intrinsic("llvm.minnum", vt, 2), [x, const(clamp)])
         x = b.call(self._intrinsic("llvm.maxnum", vt, 2), [x, const(-clamp)])
@@ -744,8 +743,20 @@ def _like(value, typ: ir.Type) -> ir.Type:
 
 def _const(value, typ: ir.Type, number: int) -> ir.Constant:
     """`number` as a `typ` shaped like `value` (splat across a vector)."""
-    shape = _like(value, typ)
-    return ir.Constant(shape, [number] * shape.count if isinstance(shape, ir.VectorType) else number)
+    return splat_constant(_like(value, typ), number)
+
+
+_SPLATS: dict[tuple[ir.Type, str], ir.Constant] = {}
+
+
+def splat_constant(typ: ir.Type, number) -> ir.Constant:
+    """`number` in every lane of a vector `typ`, or as a scalar `typ`; made once a process: an unrolled micro-kernel
+    and its epilogue use the same constants hundreds of times a module, and llvmlite builds and formats a new one
+    element by element, where it prints one it has printed before from a cache. Keyed by repr: -0.0 is not 0.0."""
+    key = (typ, repr(number))
+    if key not in _SPLATS:
+        _SPLATS[key] = ir.Constant(typ, [number] * typ.count if isinstance(typ, ir.VectorType) else number)
+    return _SPLATS[key]
 
 
 def element(b: ir.IRBuilder, base, typ: ir.Type, index) -> ir.Value:
