@@ -62,7 +62,7 @@ class JobQueue:
 
     def model_jobs_active(self) -> bool:
         """Whether a model job is queued or running: until one is, a service need not know its presets (importing
-        them imports PyTorch and Inductor, 6-10 s that would delay its first kernel job)."""
+        them imports PyTorch and Inductor, which held its first kernel job 4-6 s on a Zen 3)."""
         with self.database.sessions() as session:
             return session.scalar(select(JobRow.id).where(JobRow.status.in_(ACTIVE), MODEL_JOB).limit(1)) is not None
 

@@ -33,7 +33,7 @@ def test_a_killed_service_resumes_its_job_without_repeating_or_losing_a_measurem
         records = database.job_records(job_id)
         assert database.job(job_id).status == "done" and len(records) == 30
         assert len({r.input.config.index for r in records}) == 30
-        # a kernel job's service never imports PyTorch (its import would have delayed the job by 6-10 s)
+        # a kernel job's service never imports PyTorch (its import held the job 4-6 s on a Zen 3)
         assert "libtorch" not in Path(f"/proc/{server.pid}/maps").read_text()
         listed = subprocess.run(CLI + ["jobs"], env={**env, "COLUMNS": "200"}, capture_output=True, text=True,
                                 check=True).stdout
