@@ -21,6 +21,7 @@ from search_space.templates.gemm import isas
 from service.cli import app as cli
 from workers import build
 from workers.reference import head_to_head, inference_call, reference_calls
+from tests.compile_helpers import compiled
 from tests.test_cli_model import MODEL_FILE, run
 from tests.isa_helpers import (HOST, PROPERTY, check, workloads, zen4)
 
@@ -179,11 +180,10 @@ def test_a_dynamically_quantized_model_runs_on_int8_kernels(per_channel, graph, 
         assert [task.workload for task in extract_tasks(quantized, (x,))] == [
             dense(4, 32, 16, bias=True, epilogue="relu", dtype="int8"), dense(4, 8, 32, bias=True, dtype="int8")]
         exact = traceable(quantized)
-        torch._dynamo.reset()
-        compiled = torch.compile(exact, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/q.db", "graph": graph})
+        forward = compiled(exact, f"sqlite:///{tmp_path}/q.db", graph)
         for rows in (4, 6, 9):  # the third call's graph is symbolic in the rows
             x = torch.randn(rows, 16)
-            ours = compiled(x)
+            ours = forward(x)
             assert ours.dtype == torch.float32 and torch.allclose(ours, exact(x), atol=1e-5), rows
             assert (ours - model(x)).abs().max() <= 1.5 * (quantized(x) - model(x)).abs().max()
     assert "run in PyTorch" not in caplog.text
@@ -211,9 +211,8 @@ def test_int8_layers_quantizing_one_activation_are_one_dense(graph, tmp_path, ca
         assert sorted(task.workload.key for task in extract_tasks(quantized, (x,))) == sorted(
             [dense(10, 40, 16, bias=True, dtype="int8").key, dense(10, 16, 8, bias=True, dtype="int8").key])
         exact = traceable(quantized)
-        torch._dynamo.reset()
-        compiled = torch.compile(exact, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/q.db", "graph": graph})
-        assert torch.allclose(compiled(x), exact(x), atol=1e-5)
+        forward = compiled(exact, f"sqlite:///{tmp_path}/q.db", graph)
+        assert torch.allclose(forward(x), exact(x), atol=1e-5)
     assert "run in PyTorch" not in caplog.text
 
 
