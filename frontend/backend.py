@@ -20,8 +20,9 @@ weight is trained takes its weight and bias at each call, and the gradients of a
 too (dY·W and dYᵀ·x for a linear layer), through the custom operator's autograd formula (frontend/autograd.py);
 an op needing gradients that tuned kernels cannot compute (its weights bound: conv2d, int8, a 3-D activation by a
 [K, N] weight; or its inputs cast by autocast) stays in PyTorch, said in one line, so training always gets eager's
-gradients. The rest of the graph is compiled by Inductor, the tuned ops opaque custom operators in it
-(frontend/inductor.py), unless option graph="eager" runs it op by op.
+gradients. A softmax over the last dimension, with the scale and mask before it, is one kernel of tensortune's own
+(frontend/softmax.py). The rest of the graph is compiled by Inductor, the tuned ops and softmaxes opaque custom
+operators in it (frontend/inductor.py), unless option graph="eager" runs it op by op.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ from .capture import Captured
 from .frame_stack import on_runner_stack
 from .patterns import Match, find_matches, traced
 from .shapes import Kernels, Product, Run, ShapeDispatch
+from .softmax import fuse_softmaxes
 
 log = logging.getLogger("tensortune.frontend")
 
@@ -268,6 +270,7 @@ def compile_graph(graph: fx.GraphModule, example_inputs: list, db=None, target: 
     kernels.prepare(workload for match in matches if match.workload is not None for workload in match.workloads)
     bound = bound_tensors(captured, matches)
     module = substitute(captured, matches, kernels)
+    fuse_softmaxes(module, kernels.target)
     ops = [child for child in module.children() if isinstance(child, TunedOp)]  # in the matches' order
     rebinding = functools.partial(rebind, pristine, ops)
     if graph_mode == "inductor":
