@@ -48,7 +48,7 @@ from search_space import Target
 from . import inductor
 from .autograd import gradients
 from .bound_weights import bound_tensors, checking_weights, rebind
-from .capture import Captured
+from .capture import Captured, example_value
 from .frame_stack import on_runner_stack
 from .patterns import Match, find_matches, traced
 from .shapes import Kernels, Product, Run, ShapeDispatch
@@ -202,9 +202,12 @@ def substitute(captured: Captured, matches: list[Match], kernels: Kernels) -> fx
     replaced: dict[fx.Node, fx.Node] = {}  # a result an earlier match computes → its call
     for number, match in enumerate(matches):
         name = f"tensortune_{number}"
-        module.add_submodule(name, TunedOp(match, kernels))
+        module.add_submodule(name, op := TunedOp(match, kernels))
+        with graph.inserting_before(match.nodes[-1]):
+            activations = tuple(laid_out(graph, replaced.get(node, node), captured, op, match)
+                                for node in match.activations)
         with graph.inserting_after(match.nodes[-1]):
-            result = call = graph.call_module(name, tuple(replaced.get(node, node) for node in match.activations))
+            result = call = graph.call_module(name, activations)
         if match.view is not None:
             with graph.inserting_after(call):
                 result = graph.create_node(match.view.op, match.view.target, (call, *match.view.args[1:]),
@@ -223,6 +226,25 @@ def substitute(captured: Captured, matches: list[Match], kernels: Kernels) -> fx
     graph.lint()
     module.recompile()
     return module
+
+
+def laid_out(graph: fx.Graph, activation: fx.Node, captured: Captured, op: TunedOp, match: Match) -> fx.Node:
+    """The activation cast to the kernel's dtype and laid in its memory format by the graph, where it is not (an
+    image NCHW for a convolution that reads it channels_last, a transposed view for a dense, float32 under
+    autocast): Inductor makes the copy in a kernel of its own, fused with the op that makes the activation where it
+    can, and the tuned op then reads it where it lies, launched straight; run_kernel copied it at every call
+    (ResNet-18's image: 216 µs a forward on a Zen 4 at 2 threads). Not for a form that reads views (it picks its
+    kernel by their strides), where autograd differentiates the op, or at symbolic sizes."""
+    value = example_value(activation, captured)
+    if (op.form.views or match.needs_grad or not isinstance(value, torch.Tensor)
+            or not all(isinstance(size, int) for size in value.shape)):
+        return activation
+    cast = op.sizes.cast if value.is_floating_point() and value.dtype != op.sizes.cast else None
+    if cast is not None:
+        activation = graph.call_method("to", (activation, cast))
+    if not value.is_contiguous(memory_format=op.memory_format):
+        activation = graph.call_method("contiguous", (activation,), {"memory_format": op.memory_format})
+    return activation
 
 
 def guard_model_tensors(captured: Captured) -> None:

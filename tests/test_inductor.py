@@ -117,9 +117,9 @@ class Transposed(nn.Module):
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "symbolic"])
 def test_a_static_op_reading_its_activations_in_place_is_launched_straight(dynamic, tmp_path):
     """After its first call, an op of static sizes whose kernel reads every activation where it lies is launched on
-    the addresses alone, with nothing else asked of the tensors; one that copies an activation (a transposed view
-    for a dense) and any op of symbolic sizes keep to run_kernel's checks. Each computes what eager does, call
-    after call."""
+    the addresses alone, with nothing else asked of the tensors; an activation it cannot read so (a transposed view
+    for a dense) the graph copies first (frontend.backend.laid_out), so that op is launched so too; any op of
+    symbolic sizes keeps to run_kernel's checks (and copies). Each computes what eager does, call after call."""
     torch.manual_seed(0)
     model = Transposed().eval()
     torch._dynamo.reset()
@@ -134,7 +134,37 @@ def test_a_static_op_reading_its_activations_in_place_is_launched_straight(dynam
     if dynamic:
         assert straight == {5: False, 12: False}
     else:
-        assert straight[5] is False and isinstance(straight[12], Run)
+        assert isinstance(straight[5], Run) and isinstance(straight[12], Run)
+
+
+class TwoConvolutions(nn.Module):
+    """Two convolutions, so both read and write channels_last, of an image that lies NCHW."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(x)))
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["nchw-image", "autocast"])
+def test_an_activation_the_kernel_reads_otherwise_is_laid_out_by_the_graph(autocast, tmp_path):
+    """An NCHW image for a convolution that reads channels_last, a float32 activation for a bfloat16 kernel under
+    autocast: the graph makes the copy (Inductor, in a kernel of its own), and every op is launched straight."""
+    torch.manual_seed(0)
+    model = TwoConvolutions().eval()
+    torch._dynamo.reset()
+    gc.collect()  # the registry then holds this test's ops alone
+    compiled = torch.compile(model, backend="tensortune", options={"db": f"sqlite:///{tmp_path}/empty.db"})
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        for _ in range(2):
+            x = torch.randn(1, 3, 9, 9)
+            got, expected = compiled(x), model(x)
+            assert got.dtype == expected.dtype and torch.allclose(got.float(), expected.float(),
+                                                                  atol=1e-5 if not autocast else 5e-2)
+    ops = list(inductor.REGISTRY.ops.values())
+    assert len(ops) == 2 and all(isinstance(op.straight, Run) for op in ops)
 
 
 def test_a_graph_whose_ops_need_gradients_calls_the_differentiable_operator(tmp_path):
