@@ -19,7 +19,7 @@ from search_space import Target
 from workers.llvm_softmax import DTYPES, softmax_kernel
 from workers.torch_arrays import dtype_name
 
-from .patterns import ADD, MUL, argument, calls
+from .patterns import ADD, MUL, argument, calls, same_shape, same_size
 from .rewrites import value_of
 
 SOFTMAX = {torch.softmax, torch.nn.functional.softmax, torch.special.softmax}
@@ -103,8 +103,9 @@ def absorbed(node: fx.Node) -> tuple[fx.Node, float, fx.Node | None, list[fx.Nod
     if (operands := binary(x, ADD, ("add",))) is not None and result.dim() <= 4:
         values = [value_of(operand) for operand in operands]
         if all(value is not None and value.dtype == result.dtype for value in values):
-            scores, bias = operands if values[0].shape == result.shape else operands[::-1]
-            if value_of(scores).shape == result.shape and value_of(bias).shape[-1] == result.shape[-1]:
+            scores, bias = operands if same_shape(values[0].shape, result.shape) else operands[::-1]
+            last = same_size(value_of(bias).shape[-1], result.shape[-1])
+            if last and same_shape(value_of(scores).shape, result.shape):
                 x, mask, nodes = scores, bias, [x, *nodes]
     if (operands := binary(x, DIVIDE, ("div",))) is not None and is_number(operands[1]) and operands[1]:
         x, scale, nodes = operands[0], 1.0 / operands[1], [x, *nodes]

@@ -125,7 +125,8 @@ def halving(b: ir.IRBuilder, vector, combine):
 def _loop(b: ir.IRBuilder, function: ir.Function, lo, hi, carried: list, body, name: str, guarded=False) -> list:
     """for i in [lo, hi): carried = body(i, carried); the final carried values. `guarded`, for a loop that may run
     zero times, carries nothing."""
-    entry, loop, done = b.block, function.append_basic_block(f"{name}.loop"), function.append_basic_block(f"{name}.done")
+    entry = b.block
+    loop, done = function.append_basic_block(f"{name}.loop"), function.append_basic_block(f"{name}.done")
     if guarded:
         b.cbranch(b.icmp_signed("<", lo, hi), loop, done)
     else:
