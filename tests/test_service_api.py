@@ -39,7 +39,8 @@ def runner(database: Database) -> Runner:
 def test_a_job_submitted_over_http_runs_to_done_with_its_measurements(database):
     with TestClient(create_app(database, runner(database), token="s3cret")) as client:
         created = client.post("/api/jobs", json=job_body(), headers=TOKEN)
-        assert created.status_code == 201 and created.json()["status"] == "queued"
+        # as it is when answered: the runner, polling every 0.1 s, may have claimed it already
+        assert created.status_code == 201 and created.json()["status"] in ("queued", "running")
         job = job_in(client, created.json()["id"], ("done", "failed"))
         stored = [r.result.gflops for r in database.job_records(job["id"])]
         assert job["status"] == "done" and job["trials_done"] == 8
