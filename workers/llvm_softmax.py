@@ -19,9 +19,10 @@ from typing import Callable
 
 from llvmlite import ir
 
+from search_space.program import ITEMSIZE
 from search_space.target import Target
 
-from .llvm_codegen import F32, I16, I32, I64, PTR, VOID, element
+from .llvm_codegen import ELEMENTS, F32, I32, I64, PTR, VOID, LLVMCodegen, element, narrow, splat_constant, widen
 from .llvm_jit import Compiled, compile_module
 
 DTYPES = ("float32", "bfloat16")
@@ -59,12 +60,6 @@ class _Emitter:
         return self.intrinsics[name]
 
     @staticmethod
-    def const(typ: ir.Type, value: float | int) -> ir.Constant:
-        element = typ.element if isinstance(typ, ir.VectorType) else typ
-        single = ir.Constant(element, value)
-        return ir.Constant(typ, [single] * typ.count) if isinstance(typ, ir.VectorType) else single
-
-    @staticmethod
     def suffix(typ: ir.Type) -> str:
         return f"v{typ.count}f32" if isinstance(typ, ir.VectorType) else "f32"
 
@@ -74,28 +69,18 @@ class _Emitter:
         return ir.VectorType(element, typ.count) if isinstance(typ, ir.VectorType) else element
 
     def load(self, b: ir.IRBuilder, pointer, typ: ir.Type):
-        """float32 values at `pointer`, of this kernel's dtype in memory."""
-        if self.dtype == "float32":
-            return load(b, pointer, typ, align=4)
-        wide, narrow = self.like(typ, I32), self.like(typ, I16)
-        bits = b.shl(b.zext(load(b, pointer, narrow, align=2), wide), self.const(wide, 16))
-        return b.bitcast(bits, typ)
+        """float32 values (`typ`) at `pointer`, held there in this kernel's dtype."""
+        held = self.like(typ, ELEMENTS[self.dtype])
+        return widen(b, load(b, pointer, held, align=ITEMSIZE[self.dtype]), self.dtype)
 
     def store(self, b: ir.IRBuilder, value, pointer) -> None:
         """float32 `value` stored at `pointer` in this kernel's dtype (bfloat16 rounded to nearest even)."""
-        if self.dtype == "float32":
-            store(b, value, pointer, align=4)
-            return
-        wide, narrow = self.like(value.type, I32), self.like(value.type, I16)
-        bits = b.bitcast(value, wide)
-        odd = b.and_(b.lshr(bits, self.const(wide, 16)), self.const(wide, 1))
-        rounded = b.add(bits, b.add(odd, self.const(wide, 0x7FFF)))
-        store(b, b.trunc(b.lshr(rounded, self.const(wide, 16)), narrow), pointer, align=2)
+        store(b, narrow(b, value, self.dtype), pointer, align=ITEMSIZE[self.dtype])
 
     def exp(self, b: ir.IRBuilder, x):
         """exp(x) for x ≤ 0 (NaN stays NaN): 2ⁿ·P(r), n = round(x·log2 e), r = x − n·ln 2, Cephes' polynomial."""
         typ = x.type
-        c = lambda value: self.const(typ, value)
+        c = lambda value: splat_constant(typ, value)
         maxnum = self.intrinsic(f"llvm.maxnum.{self.suffix(typ)}", typ, [typ, typ])
         roundeven = self.intrinsic(f"llvm.roundeven.{self.suffix(typ)}", typ, [typ])
         n = b.call(roundeven, [b.call(maxnum, [b.fmul(x, c(LOG2E)), c(-127.0)])])
@@ -106,7 +91,7 @@ class _Emitter:
             p = b.call(fma, [p, r, c(term)])
         p = b.fadd(b.call(fma, [p, b.fmul(r, r), r]), c(1.0))
         wide = self.like(typ, I32)
-        power = b.bitcast(b.shl(b.add(b.fptosi(n, wide), self.const(wide, 127)), self.const(wide, 23)), typ)
+        power = b.bitcast(b.shl(b.add(b.fptosi(n, wide), splat_constant(wide, 127)), splat_constant(wide, 23)), typ)
         return b.select(b.fcmp_ordered("<", x, c(SMALLEST)), c(0.0), b.fmul(p, power))
 
 
@@ -150,13 +135,10 @@ def _rows(module: ir.Module, n: int, dtype: str, width: int, safe: bool, biased:
                            "softmax_rows")
     x, bias, out, first, last, scale, d1, d2, s0, s1, s2 = function.args
     emit, b = _Emitter(module, dtype), ir.IRBuilder(function.append_basic_block("entry"))
-    item, vec, chunks = 4 if dtype == "float32" else 2, ir.VectorType(F32, width), n // width
+    item, vec, chunks = ITEMSIZE[dtype], ir.VectorType(F32, width), n // width
     exps = b.alloca(ir.ArrayType(F32, n), name="exps")  # the row's exponentials, in float32
     exps.align = 64
-    # a value as one float and as a vector of it
-    splat = lambda value: {F32: value, vec: b.shuffle_vector(b.insert_element(
-        ir.Constant(vec, ir.Undefined), value, ir.Constant(I32, 0)), ir.Constant(vec, ir.Undefined),
-        ir.Constant(ir.VectorType(I32, width), [0] * width))}
+    splat = lambda value: {F32: value, vec: LLVMCodegen.splat(b, value, width)}  # as one float and as a vector
     scales = splat(scale)
     at = lambda base, index, size: element(b, base, ir.IntType(8 * size), index)
     lanes = lambda chunk: b.mul(chunk, ir.Constant(I64, width))
@@ -174,7 +156,7 @@ def _rows(module: ir.Module, n: int, dtype: str, width: int, safe: bool, biased:
             v = b.fmul(emit.load(b, at(row_x, index, item), typ), scales[typ])
             return b.fadd(v, emit.load(b, at(row_bias, index, item), typ)) if biased else v
 
-        top = emit.const(vec, float("-inf"))
+        top = splat_constant(vec, float("-inf"))
         if chunks:
             top, = _loop(b, function, ir.Constant(I64, 0), ir.Constant(I64, chunks), [top],
                          lambda chunk, acc: [larger(acc[0], scored(lanes(chunk), vec))], "max")
@@ -182,7 +164,7 @@ def _rows(module: ir.Module, n: int, dtype: str, width: int, safe: bool, biased:
         for index in tails:
             top = larger(top, scored(index, F32))
         if safe:  # a row all −inf: exp(−inf − 0) = 0 everywhere, and the sum 0 below
-            top = b.select(b.fcmp_ordered("==", top, emit.const(F32, float("-inf"))), emit.const(F32, 0.0), top)
+            top = b.select(b.fcmp_ordered("==", top, splat_constant(F32, float("-inf"))), splat_constant(F32, 0.0), top)
         tops = splat(top)
 
         def exponential(index, typ):
@@ -190,16 +172,16 @@ def _rows(module: ir.Module, n: int, dtype: str, width: int, safe: bool, biased:
             store(b, e, at(exps, index, 4), align=4)
             return e
 
-        total = emit.const(vec, 0.0)
+        total = splat_constant(vec, 0.0)
         if chunks:
             total, = _loop(b, function, ir.Constant(I64, 0), ir.Constant(I64, chunks), [total],
                            lambda chunk, acc: [b.fadd(acc[0], exponential(lanes(chunk), vec))], "sum")
         total = halving(b, total, b.fadd)
         for index in tails:
             total = b.fadd(total, exponential(index, F32))
-        inverse = b.fdiv(emit.const(F32, 1.0), total)
+        inverse = b.fdiv(splat_constant(F32, 1.0), total)
         if safe:
-            inverse = b.select(b.fcmp_ordered("==", total, emit.const(F32, 0.0)), emit.const(F32, 0.0), inverse)
+            inverse = b.select(b.fcmp_ordered("==", total, splat_constant(F32, 0.0)), splat_constant(F32, 0.0), inverse)
         inverses = splat(inverse)
 
         def normalized(index, typ):
