@@ -60,7 +60,10 @@ def test_a_rows_peak_is_timed_in_the_rounds_of_its_kernel():
     """A shared host's neighbours slow timings in phases of seconds: the row's peak is the family's peak kernel timed
     head to head with the row's kernels, not the figure measured at the run's start (here an absurd 1 GFLOPS)."""
     row = bench_shape(matmul(64, 64, 64), Target.parse("llvm -threads=1"), 2, 0, True, {"fma": 1.0})
-    assert row["family"] == "fma" and row["peak_gflops"] > 10 and row["peak_fraction"] < 1
+    assert row["family"] == "fma" and row["peak_gflops"] > 10
+    # its fraction from the same rounds (not "below 1": a 64³ product ran at 1.16 of a peak timed beside the other
+    # test process)
+    assert_figures_come_from_the_rounds(row)
     assert bench_shape(matmul(64, 64, 64), Target.parse("llvm -threads=1"), 2, 0, True)["peak_gflops"] is None
 
 def test_bench_kernels_in_bfloat16_against_pytorchs_bfloat16():
