@@ -41,7 +41,9 @@ def assert_figures_come_from_the_rounds(row: dict) -> None:
     rounds = {len(values) for values in samples.values()}
     assert rounds == {3}, rounds  # --quick
     flops = Workload.from_key(row["workload"]).flops
-    assert row["gflops"] == pytest.approx(flops / np.median(samples["tensortune"]) / 1e6, rel=1e-4, abs=0.005)
+    median = np.median(samples["tensortune"])
+    # to 2 places, from samples given to 6 places of a ms (of a 10 µs sample, 5e-5 of its value)
+    assert abs(row["gflops"] - flops / median / 1e6) <= 0.005 + flops / median / 1e6 * 5e-7 / median + 1e-9
 
     def assert_quartiles(key: str, ratios: np.ndarray, rtol: float = 1e-4) -> None:
         stated = [row[f"{key}_spread"][0], row[key], row[f"{key}_spread"][1]]
