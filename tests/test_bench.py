@@ -94,7 +94,11 @@ def test_bench_kernels_on_a_narrowed_target_keeps_to_its_features():
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert rows and {row["family"] for row in rows} <= {"fma", "fma-f32"}
-    assert all(0 < row["peak_fraction"] < 1.5 and row["peak_gflops"] > 0 for row in rows)
+    # the FMA's peak kernel timed in each row's rounds (its fraction from them, not a bound: a 2-thread peak timed
+    # beside the other test process is slowed as much as the kernel or not at all)
+    for row in rows:
+        assert row["peak_gflops"] > 0 and row["peak_fraction"] > 0
+        assert_figures_come_from_the_rounds(row)
     assert not any("avx512bf16" in row["target"] or "amx-tile" in row["target"] for row in rows)
     refused = CliRunner().invoke(app, ["bench", "kernels", "--target", "llvm -mattr=-avx513f"])
     assert refused.exit_code == 1 and "unknown feature 'avx513f'" in refused.output
