@@ -30,7 +30,7 @@ from workers.reference import alternating_samples, head_to_head, inference_call,
 from workers.task import MeasureOptions, timed_call
 
 from .model import with_spread
-from .peak import RUNS_AS, family_peak_call, family_peaks, launch_microseconds
+from workers.peak import RUNS_AS, family_peak_call, family_peaks, launch_microseconds
 
 MIN_REPEAT_MS = {True: 10.0, False: 30.0}  # by --quick
 # ResNet-18's distinct convolutions at batch 1: C, H = W, K, R = S, stride (padding R // 2)

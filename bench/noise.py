@@ -21,7 +21,7 @@ from workers.reference import inference_call
 from workers.task import build_step
 from workers.timing import time_samples
 
-from .peak import peak_call
+from workers.peak import peak_call
 from .workers import candidates
 
 

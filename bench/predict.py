@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from db import Database
-from search_space import Target, Workload, fallback_config
+from search_space import Target, Workload
 from tuner.predict import predict_config
 from workers import build
+from workers.untuned import untuned_config
 from workers.reference import head_to_head, inference_call
 
 
@@ -31,7 +32,7 @@ def compare(database: Database, workload: Workload, target: Target) -> dict | No
     if prediction is None:
         return None
     configs = {"tuned": database.best(workload, target)[0].input.config, "predicted": prediction.config,
-               "fallback": fallback_config(workload, target)}
+               "fallback": untuned_config(workload, target)}
     inputs = workload.random_inputs()
     calls = {name: inference_call(build(workload, target, config), inputs)[0] for name, config in configs.items()}
     seconds = head_to_head(calls, target.threads, rounds=3)

@@ -14,7 +14,7 @@ eager's is estimated from its operators' times alone. Beside the time in the mod
 the stored best (its protocol's, workers.task.MeasureOptions): how well tuning predicted the model. Part of
 tensortune's is its own: the backend's Python work before each kernel call (the glue column), which in a model finds
 the caches cold that the kernel before it filled with its weights. In each op's rounds runs also the peak kernel of
-the fastest instruction family for its dtype (bench.peak): the fraction of that rate the op's kernel reaches alone,
+the fastest instruction family for its dtype (workers.peak): the fraction of that rate the op's kernel reaches alone,
 and the forward tensortune would run were every op at it and the rest as it is, which bounds what faster kernels
 could win: where eager's time over that forward is under a goal, no kernel reaches it."""
 from __future__ import annotations
@@ -32,7 +32,7 @@ from search_space import Target, Workload
 from workers.reference import (alternating_samples, inference_call, int8_calls, median_ratio, torch_conv2d,
                                torch_epilogue, torch_operands)
 
-from .peak import family_peak_calls, peak_rate
+from workers.peak import family_peak_calls, peak_rate
 
 # oneDNN's fused post-op (attribute, algorithm) for each epilogue
 ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}

@@ -9,7 +9,7 @@ three ways:
 - stream: each step loads the next tiles (at BERT's 128 rows, A and each panel come from L2, not L1);
 - in L1: each step loads the first step's tiles again (4 KB that stay in L1);
 - loads: the stream's tile loads without the products;
-beside the products alone (`bench.peak`'s AMX peak) and the template's own dense kernel of the shape (the best
+beside the products alone (`workers.peak`'s AMX peak) and the template's own dense kernel of the shape (the best
 config stored in the default database, $TENSORTUNE_DB or ./tensortune.db, else the fallback; its weights bound), in
 alternating rounds. The step loop has no write-back, no prefetch, no edges: what is left is the tile unit and where
 its operands lie.
@@ -31,7 +31,7 @@ from workers.llvm_amx import A_REGISTERS, B_REGISTERS, C_REGISTERS, GROUP, STEP,
 from workers.llvm_jit import compile_module
 from workers.reference import alternating_samples, inference_call, median_ratio
 
-from .peak import TILE_PRODUCTS, tile_peak_call
+from workers.peak import TILE_PRODUCTS, tile_peak_call
 
 PLACEMENTS = ("stream", "in L1", "loads")
 # dtype: its AMX family, A's and B's element types, the sums' type

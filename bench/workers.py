@@ -22,7 +22,7 @@ from workers import MeasureInput, MeasureOptions, RayPoolOptions, Task, make_poo
 from workers.task import build_step, run_step
 from workers.timing import time_samples
 
-from .peak import peak_call
+from workers.peak import peak_call
 
 OPTIONS = MeasureOptions(repeat=3, min_repeat_ms=10, cache="warm")
 CASES = [(matmul(128, 128, 128), 8), (matmul(512, 512, 512), 4)]  # (workload, candidates)

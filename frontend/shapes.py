@@ -27,12 +27,13 @@ import torch
 from db import Database, HistoryBest, ServedBest
 from db.history import StoredConfig
 from db.served import is_served
-from search_space import Target, Workload, fallback_config
+from search_space import Target, Workload
 from search_space.program import ITEMSIZE
 from search_space.workload import canonical_strides, contiguous_strides, conv2d_output, output_dtype
 from tuner import predict  # noqa: F401  registers predicted configs: a shape with no tuned neighbour gets one
 from workers import build
 from workers.torch_arrays import FLOATING, torch_dtype
+from workers.untuned import untuned_config
 
 log = logging.getLogger("tensortune.frontend")
 
@@ -266,7 +267,7 @@ class Kernels:
         return self._history.query_nearest_many(workloads, self.target)
 
     def _build(self, workload: Workload, found: StoredConfig | None):
-        config = found.config if found is not None else fallback_config(workload, self.target)
+        config = found.config if found is not None else untuned_config(workload, self.target)
         return build(workload, self.target, config)
 
 

@@ -11,7 +11,7 @@ import contextvars
 import threading
 import warnings
 from contextlib import contextmanager
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 from .space import Config
 from .target import Target
@@ -56,8 +56,10 @@ def fallback_message(workload: Workload, target: Target) -> str:
             "A fallback configuration is used, which may bring great performance regression.")
 
 
-def current_config(workload: Workload, target: Target) -> Config:
-    """Ask the contexts, innermost first; else the fallback, warning once per workload per outermost context."""
+def current_config(workload: Workload, target: Target,
+                   fallback: Callable[[Workload, Target], Config] = fallback_config) -> Config:
+    """Ask the contexts, innermost first; else `fallback` (the template's, or workers.untuned's measured choice of
+    it), warning once per workload per outermost context."""
     stack = _STACK.get()
     for context in reversed(stack):
         config = context.query(workload, target)
@@ -67,4 +69,4 @@ def current_config(workload: Workload, target: Target) -> Config:
         first_time = getattr(stack[0], "first_time", None)
         if first_time is None or first_time((str(target), workload.key)):
             warnings.warn(fallback_message(workload, target), stacklevel=3)
-    return fallback_config(workload, target)
+    return fallback(workload, target)

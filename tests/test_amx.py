@@ -8,7 +8,6 @@ import warnings
 import numpy as np
 import pytest
 
-from bench.peak import peak_gflops, tile_peak_module
 from search_space import (InvalidConfig, Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target,
                           lower, matmul)
 from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, format_program, var
@@ -20,6 +19,7 @@ from workers.kernel import tile_reads
 from workers.llvm_codegen import CodegenError, _zeroing_before_tiles, generate
 from workers.llvm_amx import CHUNK, GROUP, REGISTERS as TILE_REGISTERS, STEP, register_groups
 from workers.llvm_jit import emit_assembly
+from workers.peak import peak_gflops, tile_peak_module
 from tests.isa_helpers import check, configs_using
 
 VECTOR = "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512bf16,+avx512vnni"

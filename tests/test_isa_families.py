@@ -6,13 +6,13 @@ emits its instructions on every host (assembly for a Zen 4, whatever this host i
 dtype's reference, and has its peak measured, where the host has it."""
 import pytest
 
-from bench.peak import (FAMILIES, ITERATIONS, WIDEN_OPS, chains, family_peaks, has_widen_peak, peak_call,
-                        peak_program, widen_peak_call, widen_peak_module)
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, host_target, lower, matmul
 from search_space.templates.gemm import isas
 from workers.build import generated_assembly
 from workers.llvm_codegen import generate
 from workers.llvm_jit import emit_assembly
+from workers.peak import (FAMILIES, ITERATIONS, WIDEN_OPS, chains, family_peaks, has_widen_peak, peak_call,
+                          peak_program, widen_peak_call, widen_peak_module)
 from tests.isa_helpers import HOST, assert_every_width_emits, assert_refused_without, check, configs_using, zen4
 
 ONE = Target.parse("llvm -threads=1")

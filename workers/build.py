@@ -9,13 +9,15 @@ from search_space import Config, Program, Target, Workload, current_config, get_
 from .kernel import Kernel, cfunc
 from .llvm_codegen import generate
 from .llvm_jit import Compiled, compile_module, emit_assembly, target_machine
+from .untuned import untuned_config
 
 
 def resolve_config(workload: Workload, target: Target, config: Config | dict | int | None) -> Config:
-    """A Config of this workload's space from a Config, knob values, an index, or the dispatch context."""
+    """A Config of this workload's space from a Config, knob values, an index, or the dispatch context (with no
+    record, workers.untuned's choice of the fallback)."""
     space = get_space(workload, target)
     if config is None:
-        return current_config(workload, target)
+        return current_config(workload, target, untuned_config)
     if isinstance(config, int):
         return space.get(config)
     if isinstance(config, dict):

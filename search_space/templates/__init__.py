@@ -58,9 +58,12 @@ def get_space(workload: Workload, target: Target | str = "llvm") -> ConfigSpace:
     return template(workload, target).space(workload, target)
 
 
-def fallback_config(workload: Workload, target: Target | str = "llvm") -> Config:
+def fallback_config(workload: Workload, target: Target | str = "llvm", isa: str | None = None) -> Config:
+    """The template's untuned default; `isa` asks it in that instruction family (a space with an `isa` knob:
+    workers.untuned picks the family measured fastest on the host)."""
     target = Target.parse(target)
-    return template(workload, target).fallback(workload, target, get_space(workload, target))
+    found, space = template(workload, target), get_space(workload, target)
+    return found.fallback(workload, target, space, isa) if isa else found.fallback(workload, target, space)
 
 
 def relaid_knobs(knobs: dict, stored: Workload, wanted: Workload, target: Target) -> dict:

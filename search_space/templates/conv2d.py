@@ -88,10 +88,10 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     return ConfigSpace(knobs, register_block + [(("isa", "vec"), reads)], strata="isa")
 
 
-def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
-    """The untuned default: 4 output positions × 4 vectors of output channels where that fits the register file
-    (AVX-512's 32; on a Zen 4 it ran 1-14% faster than 6 × 2 in 13 of ResNet-18's 14 layers at 1 thread), else
-    6 × 2 vectors; channel blocks of 16, and threads over images, else over the larger operand (rows of a large
+def fallback(workload: Workload, target: Target, space_: ConfigSpace, isa: str | None = None) -> Config:
+    """The untuned default, in `isa`'s instruction family (else the last the space offers): 4 output positions × 4
+    vectors of output channels where that fits the register file (AVX-512's 32; on a Zen 4 it ran 1-14% faster than
+    6 × 2 in 13 of ResNet-18's 14 layers at 1 thread), else 6 × 2 vectors; channel blocks of 16, and threads over images, else over the larger operand (rows of a large
     image, as the stem's; output channels of large weights, as the last layers'), so each thread streams a share
     of it and all share the smaller."""
     p, vec = workload.p, max(space_.knobs["vec"].candidates)
@@ -104,7 +104,7 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
             "order": ("ko", "oh", "owo"), "reduce_order": ("co", "r", "s"), "parallel": parallel,
             "write": "channels" if p["layout"] == "nhwc" else "rows"}  # the output's contiguous runs
     if "isa" in space_.knobs:
-        want["isa"] = space_.knobs["isa"].candidates[-1]
+        want["isa"] = isa or space_.knobs["isa"].candidates[-1]
     return space_.nearest(want)
 
 

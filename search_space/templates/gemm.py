@@ -188,11 +188,12 @@ def packed_dtype(isa: str | None, dtype: str) -> str:
     return "float32" if isa == WIDENED else dtype
 
 
-def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
-    """The untuned default: an 8×(2 vectors) register block where it fits the register file (AVX-512's 32), else the
-    block `best_blocks` ranks first there (AVX2's 16: 4 × 3 vectors, where the nearest valid config to 8 × 2 is 8 × 1,
-    eight broadcasts and one load per eight multiply-adds), B packed, k-blocks of 256, the larger of M and N split
-    across threads in blocks they share evenly (`balanced`).
+def fallback(workload: Workload, target: Target, space_: ConfigSpace, isa: str | None = None) -> Config:
+    """The untuned default, in `isa`'s instruction family (else the last the space offers): an 8×(2 vectors) register
+    block where it fits the register file (AVX-512's 32), else the block `best_blocks` ranks first there (AVX2's 16:
+    4 × 3 vectors, where the nearest valid config to 8 × 2 is 8 × 1, eight broadcasts and one load per eight
+    multiply-adds), B packed, k-blocks of 256, the larger of M and N split across threads in blocks they share evenly
+    (`balanced`).
     AMX's is 2 × 2 tiles through the whole k (dense 128×768×3072 bfloat16, 1 thread, on an Intel AMX host: 802
     GFLOPS against 621 in k-blocks of 512), the row blocks of a panel (up to BLOCK_TILES) one after another, so that
     the next panel's shares are all fetched while it is read (BERT-base's dense shapes, weights rotated, an Intel
@@ -217,7 +218,7 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace) -> Config:
         "prefetch": 32 if workload.op == "dense" else 0,
     }, workload, target)
     if "isa" in space_.knobs:
-        want["isa"] = space_.knobs["isa"].candidates[-1]
+        want["isa"] = isa or space_.knobs["isa"].candidates[-1]
         if want["isa"] in AMX:  # 2 × 2 tiles of C through the whole k, a panel's row blocks one after another
             row_blocks = min(BLOCK_TILES, -(-m // (2 * TILE)))
             want |= {"tile_m": (-1, row_blocks, 2 * TILE), "tile_n": (-1, 1, 2 * TILE), "tile_k": (-1, k),

@@ -52,7 +52,7 @@ def seed_blocks(space: ConfigSpace, rows_knob: str, columns_knob: str, most_vect
 def seed_families(space: ConfigSpace) -> list[dict]:
     """The `isa` of each set of seeds: every instruction family the space offers, the fallback's (the last) first;
     one set where there is no such knob. Which family is fastest is measured, not assumed: AVX-512 BF16's pair dot
-    runs at twice the FMA's rate on a Zen 4 (232.9 against 116.2 GFLOPS at 1 thread, bench.peak), and at half it
+    runs at twice the FMA's rate on a Zen 4 (232.9 against 116.2 GFLOPS at 1 thread, workers.peak), and at half it
     on an Intel Xeon without AMX (85.9 against 173.4), where bfloat16 widened into FMAs is faster (9 trials of a new
     target, 1 thread: dense 128×768×768 and 128×3072×768 at 111.0 and 111.2 GFLOPS, 98.4 and 103.4 with the pair
     dot's seeds only)."""

@@ -12,12 +12,13 @@ from llvmlite import ir
 
 from search_space import Target
 from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, Program, Stage, var
-from workers import compile_program
-from workers.llvm_amx import A_REGISTERS, B_REGISTERS, C_REGISTERS, STEP, TILE, Tiles
-from workers.llvm_codegen import pmaddwd
-from workers.kernel import cfunc
-from workers.llvm_jit import compile_module
-from workers.timing import time_samples
+
+from .build import compile_program
+from .kernel import cfunc
+from .llvm_amx import A_REGISTERS, B_REGISTERS, C_REGISTERS, STEP, TILE, Tiles
+from .llvm_codegen import pmaddwd
+from .llvm_jit import compile_module
+from .timing import time_samples
 
 MOST_CHAINS = 24  # two pipes of a dot slower than the FMA (Zen 5's vdpbf16ps: 8% under its rate on 12), and slack
 ITERATIONS = 200_000
@@ -181,9 +182,9 @@ def peak_gflops(target: Target, family: str = "fma") -> float:
     return peak_rate(*family_peak_call(target, family))
 
 
-def peak_rate(call: Callable[[], None], operations: int) -> float:
-    """GFLOPS (or integer GOPS) of a peak kernel's call, by the fastest of five samples."""
-    return operations / min(time_samples(call, repeat=5, min_repeat_ms=50)) / 1e9
+def peak_rate(call: Callable[[], None], operations: int, samples: int = 5, sample_ms: float = 50.0) -> float:
+    """GFLOPS (or integer GOPS) of a peak kernel's call, by the fastest of `samples` samples."""
+    return operations / min(time_samples(call, repeat=samples, min_repeat_ms=sample_ms)) / 1e9
 
 
 def family_peak_calls(target: Target, dtype: str) -> dict[str, tuple[Callable[[], None], int]]:
