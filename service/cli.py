@@ -34,7 +34,8 @@ def _options(_version: bool = typer.Option(False, "--version", callback=_print_v
 @app.command()
 def show(op: str = OP_ARGUMENT,
          params: List[str] = typer.Argument(..., help="NAME=VALUE parameters, e.g. M=64 N=64 K=64"),
-         config: Optional[int] = typer.Option(None, "--config", help="config index (default: the fallback config)"),
+         config: Optional[int] = typer.Option(None, "--config", help="config index (default: the one an untuned op "
+                                                                "runs: the fallback, in the family fastest here)"),
          target: str = TARGET_OPTION,
          space_only: bool = typer.Option(False, "--space", help="print the knobs of the space instead"),
          source: bool = typer.Option(False, "--source", help="print the generated code alone: LLVM IR for llvm, "
@@ -42,7 +43,8 @@ def show(op: str = OP_ARGUMENT,
          asm: bool = typer.Option(False, "--asm", help="print the machine code (llvm): for any CPU and features LLVM "
                                                        "knows, this host's or not")):
     """Print the lowered loop nest of one config of a workload's space (or its generated code)."""
-    from search_space import fallback_config, format_program, get_space, lower
+    from search_space import format_program, get_space, lower
+    from workers.untuned import untuned_config
 
     workload, target_ = parse_workload(op, params), parse_target(target)
     try:
@@ -52,7 +54,7 @@ def show(op: str = OP_ARGUMENT,
             for knob in space.knobs.values():
                 print(f"  {knob.name:12} {knob.kind:8} {len(knob.candidates):4} choices: {list(knob.candidates)[:8]}")
             return
-        chosen = space.get(config) if config is not None else fallback_config(workload, target_)
+        chosen = space.get(config) if config is not None else untuned_config(workload, target_)
         program = lower(workload, target_, chosen)
     except (InvalidConfig, NoTemplate) as error:
         console.print(f"[red]error:[/red] {error}")

@@ -5,8 +5,11 @@ from dataclasses import replace
 
 import pytest
 
+from typer.testing import CliRunner
+
 from frontend.shapes import Kernels
 from search_space import Target, conv2d, dense, fallback_config, get_space, host_target
+from service.cli import app
 from workers import build
 from workers.untuned import CLEAR, family_rates, ranked_family, runs_here, untuned_config
 
@@ -42,6 +45,10 @@ def test_an_untuned_op_runs_the_family_measured_fastest_here(workload, tmp_path)
     inputs = workload.random_inputs()
     assert workload.max_error(kernel(*inputs), workload.reference(*inputs)) <= 1
     assert Kernels(f"sqlite:///{tmp_path / 'empty.db'}", HOST).get(workload).config.index == chosen.index
+    # and `show` with no --config shows it
+    params = workload.key[len(workload.op) + 1:-1].split(",")
+    shown = CliRunner().invoke(app, ["show", workload.op, *params, "--target", str(HOST)])
+    assert shown.exit_code == 0 and f"# config {chosen.index} of" in shown.output, shown.output
 
 
 def test_a_target_that_is_not_this_cpu_keeps_the_templates_choice():
