@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from frontend.shapes import Kernels
 from search_space import Target, conv2d, dense, fallback_config, get_space, host_target
 from service.cli import app
-from workers import build
+from tuner.tune import tune
+from workers import MeasureOptions, build, make_pool
 from workers.untuned import CLEAR, family_rates, ranked_family, runs_here, untuned_config
 
 HOST = Target.parse("llvm -threads=2")
@@ -63,3 +64,12 @@ def test_a_target_that_is_not_this_cpu_keeps_the_templates_choice():
     assert family_rates.cache_info().misses == before
     float32 = dense(64, 256, 256)
     assert untuned_config(float32, HOST).index == fallback_config(float32, HOST).index and runs_here(HOST)
+
+
+def test_a_search_measures_the_untuned_config_in_its_first_batch(tmp_path):
+    """A tune never ends worse than not tuning: the config the op runs untuned is among its first candidates."""
+    workload, one = dense(32, 64, 64, dtype="bfloat16"), replace(HOST, threads=1)
+    with make_pool("local") as pool:
+        result = tune(workload, one, 4, "random", f"sqlite:///{tmp_path / 'tune.db'}", pool, batch=4,
+                      measure=MeasureOptions(repeat=2, min_repeat_ms=1.0))
+    assert untuned_config(workload, one).index in {measured.config.index for measured, _ in result.measured[:4]}

@@ -18,11 +18,12 @@ from db.job_locks import Claim
 from db.outage import unavailable, wait_until_reachable
 from db.queries import applies, stored_targets
 from db.queue import JobQueue
-from search_space import Config, ConfigSpace, Target, Workload, fallback_config, get_space, seed_configs
+from search_space import Config, ConfigSpace, Target, Workload, get_space, seed_configs
 from search_space.templates import relaid_knobs, template
 from workers import MeasureInput, MeasureResult
 from workers.pool import NoWorkerHost, Pool, make_pool
 from workers.task import MeasureOptions, Task
+from workers.untuned import untuned_config
 
 from . import TUNERS, Tuner
 from .cost_model import CostModelOptions, features
@@ -322,7 +323,7 @@ class JobSearch:
                 self.tuner.observe([i.config for i, _ in seen], [r for _, r in seen])
             space = self.tuner.space
             borrowed = borrowed_configs(self.database, self.workload, self.target, space) if transfer else []
-            default = fallback_config(self.workload, self.target)  # never tune to worse than not tuning
+            default = untuned_config(self.workload, self.target)  # never tune to worse than not tuning
             new_here = transfer and not borrowed and not seen  # nothing of the op known on this target
             unproven = transfer and not seen and not (borrowed and self._proven_shape())
             seeds = ((transplanted_configs(self.database, self.workload, self.target, space) if new_here else [])
