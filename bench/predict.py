@@ -17,8 +17,8 @@ from db import Database
 from search_space import Target, Workload
 from tuner.predict import predict_config
 from workers import build
-from workers.untuned import untuned_config
 from workers.reference import head_to_head, inference_call
+from workers.untuned import untuned_config
 
 
 def tuned_workloads(database: Database, target: Target) -> list[Workload]:

@@ -5,8 +5,9 @@ The template's fallback takes the last family its space offers (the one a target
 that CPUs disagree on: AVX-512 BF16's pair dot runs at twice the FMA's rate on a Zen 4 and at half it on an Intel
 Xeon without AMX, where the fallback of BERT's bfloat16 dense shapes ran 1.40-1.53x faster widened into FMAs
 (`fma-f32`). So where the space offers several families and the target is this CPU's, each family's peak kernel
-(workers.peak) is timed once a process, on one thread, and another family replaces the template's choice only
-where its rate is CLEAR times higher: the host's noise never flips the choice from one process to the next."""
+(workers.peak) is timed once a process, on one thread, holding the host's timing lock as the pools do, and another
+family replaces the template's choice only where its rate is CLEAR times higher, so that the host's noise does not
+flip the choice from one process to the next."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,8 +16,11 @@ from typing import Mapping, Sequence
 
 from search_space import Config, Target, Workload, fallback_config, get_space, host_target
 
+from .host_lock import HostLock, default_path
+
 CLEAR = 1.3  # how much faster another family's peak must be to replace the template's choice
 SAMPLES, SAMPLE_MS = 3, 10.0  # a peak kernel's samples for the ranking: enough for rates that differ by CLEAR
+LOCK_WAIT = 10.0  # seconds to wait for another pool's timing on this host, then measure anyway
 
 
 def untuned_config(workload: Workload, target: Target | str = "llvm") -> Config:
@@ -56,4 +60,6 @@ def family_rates(target: Target, dtype: str) -> dict[str, float]:
     """GFLOPS (or GOPS) of the peak kernel of each family a kernel of `dtype` may use on the target."""
     from .peak import family_peak_calls, peak_rate
 
-    return {family: peak_rate(*call, SAMPLES, SAMPLE_MS) for family, call in family_peak_calls(target, dtype).items()}
+    calls = family_peak_calls(target, dtype)
+    with HostLock(default_path(), LOCK_WAIT).held(exclusive=True):
+        return {family: peak_rate(*call, SAMPLES, SAMPLE_MS) for family, call in calls.items()}

@@ -91,9 +91,9 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
 def fallback(workload: Workload, target: Target, space_: ConfigSpace, isa: str | None = None) -> Config:
     """The untuned default, in `isa`'s instruction family (else the last the space offers): 4 output positions × 4
     vectors of output channels where that fits the register file (AVX-512's 32; on a Zen 4 it ran 1-14% faster than
-    6 × 2 in 13 of ResNet-18's 14 layers at 1 thread), else 6 × 2 vectors; channel blocks of 16, and threads over images, else over the larger operand (rows of a large
-    image, as the stem's; output channels of large weights, as the last layers'), so each thread streams a share
-    of it and all share the smaller."""
+    6 × 2 in 13 of ResNet-18's 14 layers at 1 thread), else 6 × 2 vectors; channel blocks of 16, and threads over
+    images, else over the larger operand (rows of a large image, as the stem's; output channels of large weights, as
+    the last layers'), so each thread streams a share of it and all share the smaller."""
     p, vec = workload.p, max(space_.knobs["vec"].candidates)
     rows, vectors = (4, 4) if fills(4, 4, target.vector_registers) else (6, 2)
     oh, ow = conv2d_output(p)
