@@ -28,11 +28,12 @@ SCOPES = ("input", "output", "packed", "register", "shared", "local")
 TILE_STEP = 16  # k groups a tile nest's k step takes: the 16 rows of an AMX tile of B
 # fma(a, b, c) = a·b + c; dot2(a0, b0, a1, b1, c) = a0·b0 + a1·b1 + c (bfloat16 pairs, adjacent in memory, are loaded
 # as one 32-bit lane); dot2_bf16 is dot2 by AVX-512 BF16's vdpbf16ps (which flushes denormals); dot4 is the same over
-# four uint8·int8 products summed in int32 (a quad of bytes is one lane), dot4_vnni by AVX-512 VNNI's vpdpbusd;
+# four uint8·int8 products summed in int32 (a quad of bytes is one lane), dot4_vnni by AVX-512 VNNI's vpdpbusd,
+# dot4_ubsw by AVX2's pmaddubsw (its byte pairs summed in int16: for uint8 operands in 0..127);
 # dot2_amx and dot4_amx are the same sums inside a `tile` nest, by AMX's tdpbf16ps and tdpbusd;
 # `float` converts an int32 to float32. Integer loads and constants make integer values; add, mul and fma take both.
 OPS = {"add": 2, "mul": 2, "fma": 3, "max": 2, "tanh": 1, "erf": 1, "dot2": 5, "dot2_bf16": 5, "dot2_amx": 5,
-       "dot4": 9, "dot4_vnni": 9, "dot4_amx": 9, "float": 1}
+       "dot4": 9, "dot4_ubsw": 9, "dot4_vnni": 9, "dot4_amx": 9, "float": 1}
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "uint8": 1, "int8": 1, "int32": 4}
 
 # Nodes are values, compared and hashed by content and never changed once made; not `frozen`, whose __init__ (an

@@ -18,7 +18,9 @@ DTYPES = ("float32", "bfloat16", "int8")  # bfloat16: bf16 operands and output, 
 # int8: uint8 activations × int8 weights summed in int32 (exact). matmul and batch_matmul return the int32 sums; dense
 # and conv2d dequantize them as PyTorch's quantized linear and convolution do, to float32: (Σ X·W − x_zero·Σ W) ·
 # x_scale · w_scale[channel] + bias (+ residual), then the epilogue (the weights symmetric, zero point 0, scaled per
-# output channel or all alike; conv2d's padding is x_zero, the quantized 0.0)
+# output channel or all alike; conv2d's padding is x_zero, the quantized 0.0). A GEMM's `reduce_range` option says its
+# activations (and x_zero) are in 0..127, as PyTorch's x86 quantization leaves them: a product pair of such a byte and
+# a weight byte fits int16, which lets a kernel multiply bytes by AVX2's saturating pmaddubsw
 INT8_OPERANDS = {"A": "uint8", "X": "uint8", "data": "uint8", "B": "int8", "W": "int8", "weight": "int8",
                  "x_zero": "int32"}  # the rest are float32
 DEQUANTIZED = {"dense": "N", "conv2d": "K"}  # the ops int8 dequantizes, and the dimension of their output channels
@@ -184,7 +186,7 @@ def _conv2d_check(p: dict) -> str | None:
 
 OPS: dict[str, OpSpec] = {
     "matmul": OpSpec(
-        "matmul", ("M", "N", "K"), {},
+        "matmul", ("M", "N", "K"), {"reduce_range": False},
         lambda p: [("A", (p["M"], p["K"])), ("B", (p["K"], p["N"]))],
         lambda p: (p["M"], p["N"]),
         lambda p: 2 * p["M"] * p["N"] * p["K"],
@@ -192,7 +194,7 @@ OPS: dict[str, OpSpec] = {
         lambda p: p["K"],
     ),
     "dense": OpSpec(
-        "dense", ("M", "N", "K"), {"bias": False, "epilogue": "none"},
+        "dense", ("M", "N", "K"), {"bias": False, "epilogue": "none", "reduce_range": False},
         _dense_operands,
         lambda p: (p["M"], p["N"]),
         lambda p: 2 * p["M"] * p["N"] * p["K"],
@@ -201,7 +203,7 @@ OPS: dict[str, OpSpec] = {
         weights=("W", "bias", "w_scale"),  # w_scale: int8's
     ),
     "batch_matmul": OpSpec(
-        "batch_matmul", ("B", "M", "N", "K"), {"a_strides": "", "b_strides": ""},
+        "batch_matmul", ("B", "M", "N", "K"), {"a_strides": "", "b_strides": "", "reduce_range": False},
         lambda p: [("A", (p["B"], p["M"], p["K"])), ("B", (p["B"], p["K"], p["N"]))],
         lambda p: (p["B"], p["M"], p["N"]),
         lambda p: 2 * p["B"] * p["M"] * p["N"] * p["K"],
@@ -271,7 +273,7 @@ class Workload:
             raise WorkloadError(f"{op}: missing parameter(s) {', '.join(missing)}; {op} needs {', '.join(spec.dims)}")
         values = {d: _check_dim(op, d, params[d], spec.minimums.get(d, 1)) for d in spec.dims}
         values |= {o: _check_option(op, o, params.get(o, default), default) for o, default in spec.options.items()}
-        problem = spec.check(values) or _strides_problem(spec, values)
+        problem = spec.check(values) or _strides_problem(spec, values) or _range_problem(values, dtype)
         if problem:
             raise WorkloadError(f"{op}: {problem}")
         shapes = dict(spec.operand_shapes(values))
@@ -324,8 +326,9 @@ class Workload:
         return self.spec.output_shape(self.p)
 
     def in_dtype(self, dtype: str) -> Workload:
-        """The same operator and shapes in another dtype."""
-        return Workload.make(self.op, dtype, **self.p)
+        """The same operator and shapes in another dtype (int8's reduced range only in int8)."""
+        return Workload.make(self.op, dtype, **{name: value for name, value in self.p.items()
+                                                if dtype == "int8" or name != "reduce_range"})
 
     def operand_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Names and shapes of the inputs, in call order."""
@@ -354,21 +357,22 @@ class Workload:
 
     def random_inputs(self, seed: int = 0) -> tuple[np.ndarray, ...]:
         """Uniform in [-1, 1), drawn in float32 (not drawn in float64 and cast: 1.6x faster), rounded to the
-        workload's dtype; integers uniform over their whole range, scales that bring a dequantized product near 1.
-        Each array starts on a cache line, as PyTorch's tensors do, so that kernels are timed on the inputs a model
-        gives them: NumPy's own start on any 16-byte boundary, and an AMX tile whose rows straddle cache lines loads
-        about three times slower."""
+        workload's dtype; integers uniform over their whole range (activations over their levels), scales that
+        bring a dequantized product near 1. Each array starts on a cache line, as PyTorch's tensors do, so that
+        kernels are timed on the inputs a model gives them: NumPy's own start on any 16-byte boundary, and an AMX
+        tile whose rows straddle cache lines loads about three times slower."""
         rng = np.random.default_rng(seed)
 
         def draw(name: str, shape: tuple[int, ...]) -> np.ndarray:
             dtype = self.operand_dtype(name)
             if name == "x_zero":
-                return rng.integers(0, 256, shape, dtype=np.int32)
+                return rng.integers(0, activation_levels(self), shape, dtype=np.int32)
             if name in ("x_scale", "w_scale"):
                 return (rng.random(shape, dtype=np.float32) + 0.5) / np.float32(256 if name == "x_scale" else 128)
-            if dtype in ("uint8", "int8"):
-                info = np.iinfo(dtype)
-                return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+            if dtype == "uint8":
+                return rng.integers(0, activation_levels(self), shape, dtype=dtype)
+            if dtype == "int8":
+                return rng.integers(-128, 128, shape, dtype=dtype)
             return (rng.random(shape, dtype=np.float32) * 2 - 1).astype(dtype, copy=False)
 
         def operand(name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -415,6 +419,17 @@ class Workload:
         return wide.astype(self.dtype)
 
 
+def _range_problem(values: dict, dtype: str) -> str | None:
+    if values.get("reduce_range") and dtype != "int8":
+        return f"reduce_range=true narrows int8 activations to 0..127; it has no meaning in {dtype}"
+    return None
+
+
+def activation_levels(workload: Workload) -> int:
+    """How many uint8 levels an int8 workload's activations take: 128 in a reduced range, else 256."""
+    return 128 if workload.p.get("reduce_range") else 256
+
+
 def output_dtype(op: str, dtype: str) -> str:
     """The dtype an op of `dtype` returns: its own, but int8's int32 sums, which dense and conv2d dequantize to
     float32."""
@@ -451,21 +466,23 @@ def parse_params(pairs: list[str]) -> dict:
     return params
 
 
-def matmul(M: int, N: int, K: int, dtype: str = "float32") -> Workload:
+def matmul(M: int, N: int, K: int, dtype: str = "float32", reduce_range: bool = False) -> Workload:
     """C[M,N] = A[M,K] · B[K,N]."""
-    return Workload.make("matmul", dtype, M=M, N=N, K=K)
+    return Workload.make("matmul", dtype, M=M, N=N, K=K, reduce_range=reduce_range)
 
 
-def dense(M: int, N: int, K: int, bias: bool = False, epilogue: str = "none", dtype: str = "float32") -> Workload:
+def dense(M: int, N: int, K: int, bias: bool = False, epilogue: str = "none", dtype: str = "float32",
+          reduce_range: bool = False) -> Workload:
     """Y[M,N] = epilogue(X[M,K] · W[N,K]ᵀ + bias): the BERT linear layer."""
-    return Workload.make("dense", dtype, M=M, N=N, K=K, bias=bias, epilogue=epilogue)
+    return Workload.make("dense", dtype, M=M, N=N, K=K, bias=bias, epilogue=epilogue, reduce_range=reduce_range)
 
 
 def batch_matmul(B: int, M: int, N: int, K: int, dtype: str = "float32", a_strides: str = "",
-                 b_strides: str = "") -> Workload:
+                 b_strides: str = "", reduce_range: bool = False) -> Workload:
     """C[b] = A[b] · B[b]: attention scores and context; A [B, M, K] and B [B, K, N] read through element strides
     "batch:row:column" where they are views (q and kᵀ split from one activation's heads)."""
-    return Workload.make("batch_matmul", dtype, B=B, M=M, N=N, K=K, a_strides=a_strides, b_strides=b_strides)
+    return Workload.make("batch_matmul", dtype, B=B, M=M, N=N, K=K, a_strides=a_strides, b_strides=b_strides,
+                         reduce_range=reduce_range)
 
 
 def conv2d(N: int, C: int, H: int, W: int, K: int, R: int, S: int, stride: int = 1, pad: int = 0, bias: bool = False,

@@ -1,7 +1,8 @@
 """The instruction families of the low-precision GEMMs, one test each over both: bfloat16's (`fma`: halves widened
 and FMAs, any CPU; `fma-f32`: the same on float32 copies of both operands, any CPU; `avx512bf16`: AVX-512 BF16's
 pair dot) and int8's (`widen`: bytes widened and integer
-multiply-adds, by pmaddwd on x86; `avx512vnni`: AVX-512 VNNI's byte-quad dot). Each is offered only where the target has it,
+multiply-adds, by pmaddwd on x86; `avx512vnni`: AVX-512 VNNI's byte-quad dot; `pmaddubsw`, for activations of a reduced
+range: tests/test_reduced_range.py). Each is offered only where the target has it,
 emits its instructions on every host (assembly for a Zen 4, whatever this host is), and runs and computes its
 dtype's reference, and has its peak measured, where the host has it."""
 import pytest
@@ -11,8 +12,8 @@ from search_space.templates.gemm import isas
 from workers.build import generated_assembly
 from workers.llvm_codegen import generate
 from workers.llvm_jit import emit_assembly
-from workers.peak import (FAMILIES, ITERATIONS, WIDEN_OPS, chains, family_peaks, has_widen_peak, peak_call,
-                          peak_program, widen_peak_call, widen_peak_module)
+from workers.peak import (BYTE_DOT_OPS, FAMILIES, ITERATIONS, byte_dot_peak_call, byte_dot_peak_module, chains,
+                          family_peaks, has_byte_dot_peak, peak_call, peak_program)
 from tests.isa_helpers import HOST, assert_every_width_emits, assert_refused_without, check, configs_using, zen4
 
 ONE = Target.parse("llvm -threads=1")
@@ -123,21 +124,26 @@ def test_the_peak_kernels_carry_as_many_chains_as_the_registers_hold_and_spill_n
         assembly = generated_assembly(peak_program(1, target.vector_bits // 32, family, chains(target)), target)
         assert "(%rsp)" not in assembly, (target, family)
     for target in (zen4(), AVX2):
-        assert "(%rsp)" not in emit_assembly(widen_peak_module(target), target), target
+        for family in ("widen", "pmaddubsw"):
+            assert "(%rsp)" not in emit_assembly(byte_dot_peak_module(target, family), target), (target, family)
 
 
-def test_the_widened_dots_peak_is_measured_with_pmaddwd():
-    """`widen`'s peak kernel multiplies by pmaddwd on AVX2 and AVX-512 CPUs (two a chain and iteration: none hoisted
-    out of its loop); where the host runs `widen` by it, bench kernels' int8 peaks include it."""
+@pytest.mark.parametrize("family, products, words", [("widen", 0, 2), ("pmaddubsw", 1, 1)])
+def test_the_byte_dots_peaks_are_measured_with_their_instructions(family, products, words):
+    """int8's `widen` peak kernel multiplies by two pmaddwd a chain and iteration, `pmaddubsw`'s by one pmaddubsw and
+    one pmaddwd, on AVX2 and AVX-512 CPUs (none hoisted out of the loop); where the host runs the family by them,
+    bench kernels' int8 peaks include it."""
     for target in (AVX2, zen4()):
-        assert has_widen_peak(target)
-        assert emit_assembly(widen_peak_module(target), target).count("vpmaddwd") == 2 * chains(target)
-    assert not has_widen_peak(Target.parse("llvm -mcpu=znver3 -mattr=-avx,-avx2,-fma -threads=1"))
-    if has_widen_peak(ONE):
-        call, ops = widen_peak_call(ONE)
+        assert has_byte_dot_peak(target, family)
+        assembly = emit_assembly(byte_dot_peak_module(target, family), target)
+        assert (assembly.count("vpmaddubsw"), assembly.count("vpmaddwd")) == (products * chains(target),
+                                                                              words * chains(target))
+    assert not has_byte_dot_peak(Target.parse("llvm -mcpu=znver3 -mattr=-avx,-avx2,-fma -threads=1"), family)
+    if has_byte_dot_peak(ONE, family):
+        call, ops = byte_dot_peak_call(ONE, family)
         call()
-        assert ops == WIDEN_OPS * ONE.vector_bits // 32 * chains(ONE) * ITERATIONS
-        assert family_peaks(ONE, "int8")["widen"] > 0
+        assert ops == BYTE_DOT_OPS * ONE.vector_bits // 32 * chains(ONE) * ITERATIONS
+        assert family_peaks(ONE, "int8")[family] > 0
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])

@@ -20,8 +20,8 @@ Integer buffers (uint8, int8, int32) load as int32, zero- or sign-extended, and 
 constants are int32: add, mul and fma of them are integer arithmetic, exact, and `float`
 converts. `dot4` of uint8 quads and int8 quads adjacent in memory loads each quad as one lane
 and, on x86, widens its bytes in 16-bit halves for two `pmaddwd` (each lane's sum of two products:
-exact, unlike `pmaddubsw`'s saturating one), elsewhere splits it into bytes; `dot4_vnni` is AVX-512
-VNNI's `vpdpbusd`.
+exact, unlike `pmaddubsw`'s saturating one), elsewhere splits it into bytes; `dot4_ubsw` (for activations
+in 0..127) is `pmaddubsw` then pmaddwd by ones, and `dot4_vnni` AVX-512 VNNI's `vpdpbusd`.
 
 A `tile` nest (k groups, rows, columns around one `dot2_amx` or `dot4_amx` into a block of C)
 becomes AMX tile products (llvm_amx). Two copies are emitted as whole vectors: g rows interleaved into
@@ -61,7 +61,7 @@ COPIES = {(dtype, dtype) for dtype in ELEMENTS} | {("bfloat16", "float32")}
 WIDTHS = {4: "128", 8: "256", 16: "512"}  # vdpbf16ps's and vpdpbusd's 32-bit lanes → the intrinsic's suffix
 # the group dots: their operands' dtypes (A's, B's), and the instruction of the feature that names the special one
 GROUP_DOTS = {"dot2": ("bfloat16", "bfloat16"), "dot2_bf16": ("bfloat16", "bfloat16"), "dot4": ("uint8", "int8"),
-              "dot4_vnni": ("uint8", "int8")}
+              "dot4_ubsw": ("uint8", "int8"), "dot4_vnni": ("uint8", "int8")}
 SPECIAL_DOTS = {"dot2_bf16": ("avx512bf16", "llvm.x86.avx512bf16.dpbf16ps"),
                 "dot4_vnni": ("avx512vnni", "llvm.x86.avx512.vpdpbusd")}
 # pmaddwd by 32-bit lanes: the feature that has it at that width, and its intrinsic
@@ -69,9 +69,23 @@ PAIR_PRODUCTS = {4: ("avx", "llvm.x86.sse2.pmadd.wd"), 8: ("avx2", "llvm.x86.avx
                  16: ("avx512bw", "llvm.x86.avx512.pmaddw.d.512")}
 
 
+# pmaddubsw by 32-bit lanes (each two of its 16-bit ones)
+BYTE_PAIR_PRODUCTS = {4: ("avx", "llvm.x86.ssse3.pmadd.ub.sw.128"), 8: ("avx2", "llvm.x86.avx2.pmadd.ub.sw"),
+                      16: ("avx512bw", "llvm.x86.avx512.pmaddubs.w.512")}
+
+
 def pmaddwd(width: int, features) -> str | None:
     """The pmaddwd intrinsic on `width` 32-bit lanes where the features have it (x86), else None."""
-    feature, intrinsic = PAIR_PRODUCTS.get(width, ("", None))
+    return _x86(PAIR_PRODUCTS, width, features)
+
+
+def pmaddubsw(width: int, features) -> str | None:
+    """The pmaddubsw intrinsic on `width` 32-bit lanes where the features have it (x86), else None."""
+    return _x86(BYTE_PAIR_PRODUCTS, width, features)
+
+
+def _x86(products: dict, width: int, features) -> str | None:
+    feature, intrinsic = products.get(width, ("", None))
     return intrinsic if feature in features else None
 # Rational approximation of tanh on [-7.9053, 7.9053] (as in Eigen): odd numerator / even denominator.
 TANH_CLAMP = 7.90531110763549805
@@ -521,6 +535,8 @@ class LLVMCodegen:
             return b.call(fn, [acc, b.bitcast(a_group, operand), b.bitcast(b_groups, operand)])
         if name == "dot4" and (intrinsic := pmaddwd(vector.width, self.features)):
             return self.pair_products(b, intrinsic, a_group, b_groups, acc)
+        if name == "dot4_ubsw" and (intrinsic := pmaddubsw(vector.width, self.features)):
+            return self.byte_pair_products(b, intrinsic, pmaddwd(vector.width, self.features), a_group, b_groups, acc)
         a_dtype, b_dtype = GROUP_DOTS[name]
         for j in range(4 // ITEMSIZE[a_dtype]):
             acc = self.multiply_add(b, _element(b, a_group, a_dtype, j), _element(b, b_groups, b_dtype, j), acc)
@@ -537,6 +553,15 @@ class LLVMCodegen:
         even = b.call(pmaddwd, [b.and_(a16, const(0xFF)), b.ashr(b.shl(b16, const(8)), const(8))])
         odd = b.call(pmaddwd, [b.lshr(a16, const(8)), b.ashr(b16, const(8))])
         return b.add(acc, b.add(even, odd))
+
+    def byte_pair_products(self, b: ir.IRBuilder, intrinsic: str, words: str, a_group, b_groups, acc):
+        """acc + Σ_j a_j·b_j over uint8 quads a and int8 quads b, as fbgemm's AVX2 kernels multiply: pmaddubsw sums
+        byte pairs into int16 lanes (saturating: exact while a ≤ 127, as |2 · 127 · -128| < 2^15), pmaddwd by ones
+        sums the lanes' pairs into int32."""
+        pairs, halves = ir.VectorType(I8, 4 * acc.type.count), ir.VectorType(I16, 2 * acc.type.count)
+        product = self._extern(intrinsic, halves, [pairs, pairs])
+        sums = b.call(product, [b.bitcast(a_group, pairs), b.bitcast(b_groups, pairs)])
+        return b.add(acc, b.call(self._extern(words, acc.type, [halves, halves]), [sums, splat_constant(halves, 1)]))
 
     @staticmethod
     def splat(b: ir.IRBuilder, scalar, width: int):

@@ -16,7 +16,7 @@ from search_space.program import ITEMSIZE, Buffer, Const, Loop, Op, Program, Sta
 from .build import compile_program
 from .kernel import cfunc
 from .llvm_amx import A_REGISTERS, B_REGISTERS, C_REGISTERS, STEP, TILE, Tiles
-from .llvm_codegen import pmaddwd
+from .llvm_codegen import pmaddubsw, pmaddwd
 from .llvm_jit import compile_module
 from .timing import time_samples
 
@@ -32,7 +32,8 @@ RUNS_AS = {"fma-f32": "fma"}
 # AMX family: its tile product (an IR op), operations of one product (16 × 16 sums of 32 bf16 or 64 byte products)
 TILE_PRODUCTS = {"amx-bf16": ("dot2_amx", 2 * 16 * 16 * 32), "amx-int8": ("dot4_amx", 2 * 16 * 16 * 64)}
 TILE_ITERATIONS = 20_000
-WIDEN_OPS = 8  # int8's `widen`: a byte quad's dot, four multiply-adds a 32-bit lane
+BYTE_DOT_OPS = 8  # int8's `widen` and `pmaddubsw`: a byte quad's dot, four multiply-adds a 32-bit lane
+BYTE_DOTS = ("widen", "pmaddubsw")  # int8's families whose peak kernels are written with x86 intrinsics
 
 
 def chains(target: Target) -> int:
@@ -108,26 +109,33 @@ def tile_peak_module(family: str) -> ir.Module:
     return module
 
 
-def widen_peak_module(target: Target) -> ir.Module:
+def byte_dot_peak_module(target: Target, family: str) -> ir.Module:
     """`void peak(ptr out)`: ITERATIONS times, `chains(target)` accumulator vectors of the target's widest width each
-    add the byte-quad dot as the code generator's `widen` runs it on x86: two pmaddwd of 16-bit halves (the
-    accumulator's own bits as A's, so that nothing is loop-invariant; two B operands), and their sum."""
+    add the byte-quad dot as the code generator runs `family` on x86 (the accumulator's own bits as A's, so that
+    nothing is loop-invariant): `widen` as two pmaddwd of 16-bit halves (two B operands) and their sum,
+    `pmaddubsw` as its byte-pair sums (one B operand) multiplied by pmaddwd with ones."""
     width = target.vector_bits // 32
-    module = ir.Module(name="peak_widen")
+    module = ir.Module(name=f"peak_{family}")
     i64, words = ir.IntType(64), ir.VectorType(ir.IntType(32), width)
-    halves = ir.VectorType(ir.IntType(16), 2 * width)
+    halves, pairs = ir.VectorType(ir.IntType(16), 2 * width), ir.VectorType(ir.IntType(8), 4 * width)
     product = ir.Function(module, ir.FunctionType(words, [halves, halves]), pmaddwd(width, target.features))
     function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()]), "peak")
     b = ir.IRBuilder(function.append_basic_block("entry"))
     even, odd = (ir.Constant(halves, [value] * halves.count) for value in (3, -5))
+    if family == "pmaddubsw":
+        byte_pairs = ir.Function(module, ir.FunctionType(halves, [pairs, pairs]), pmaddubsw(width, target.features))
+        ones, weights = ir.Constant(halves, [1] * halves.count), ir.Constant(pairs, [3] * pairs.count)
+        dot = lambda acc: b.call(product, [b.call(byte_pairs, [b.bitcast(acc, pairs), weights]), ones])
+    else:
+        dot = lambda acc: b.add(b.call(product, [b.bitcast(acc, halves), even]),
+                                b.call(product, [b.bitcast(acc, halves), odd]))
     entry, loop, done = b.block, function.append_basic_block("loop"), function.append_basic_block("done")
     b.branch(loop)
     b.position_at_end(loop)
     index, carried = b.phi(i64), [b.phi(words) for _ in range(chains(target))]
     following = []
     for acc in carried:
-        a = b.bitcast(acc, halves)
-        following.append(b.add(acc, b.add(b.call(product, [a, even]), b.call(product, [a, odd]))))
+        following.append(b.add(acc, dot(acc)))
     step = b.add(index, ir.Constant(i64, 1))
     index.add_incoming(ir.Constant(i64, 0), entry)
     index.add_incoming(step, loop)
@@ -159,23 +167,26 @@ def tile_peak_call(target: Target, family: str) -> tuple[Callable[[], None], int
             4 * TILE_PRODUCTS[family][1] * TILE_ITERATIONS * target.threads)
 
 
-def widen_peak_call(target: Target) -> tuple[Callable[[], None], int]:
-    """A call running the widened byte-quad dot's peak kernel on each of the target's threads at once, at its widest
-    vector width, and the operations of one call."""
+def byte_dot_peak_call(target: Target, family: str) -> tuple[Callable[[], None], int]:
+    """A call running the byte-quad dot's peak kernel of `family` on each of the target's threads at once, at its
+    widest vector width, and the operations of one call."""
     width, count = target.vector_bits // 32, chains(target)
-    return (threaded_call(widen_peak_module(target), target, 4 * width * count),
-            WIDEN_OPS * width * count * ITERATIONS * target.threads)
+    return (threaded_call(byte_dot_peak_module(target, family), target, 4 * width * count),
+            BYTE_DOT_OPS * width * count * ITERATIONS * target.threads)
 
 
-def has_widen_peak(target: Target) -> bool:
-    """Whether the target runs `widen` by pmaddwd at its widest vectors (x86: its peak is measured)."""
-    return pmaddwd(target.vector_bits // 32, target.features) is not None
+def has_byte_dot_peak(target: Target, family: str) -> bool:
+    """Whether the target runs the byte-dot `family` by its x86 instructions at its widest vectors (its peak is
+    measured then)."""
+    width = target.vector_bits // 32
+    return pmaddwd(width, target.features) is not None and (
+        family == "widen" or pmaddubsw(width, target.features) is not None)
 
 
 def family_peak_call(target: Target, family: str = "fma") -> tuple[Callable[[], None], int]:
     """The call of `family`'s peak kernel on the target's threads, and the operations of one call."""
     return (tile_peak_call(target, family) if family in TILE_PRODUCTS else
-            widen_peak_call(target) if family == "widen" else peak_call(target, family))
+            byte_dot_peak_call(target, family) if family in BYTE_DOTS else peak_call(target, family))
 
 
 def peak_gflops(target: Target, family: str = "fma") -> float:
@@ -189,12 +200,14 @@ def peak_rate(call: Callable[[], None], operations: int, samples: int = 5, sampl
 
 def family_peak_calls(target: Target, dtype: str) -> dict[str, tuple[Callable[[], None], int]]:
     """The peak kernel's call and operations of each instruction family a kernel of this dtype may use on the target
-    (the GEMM template's `isa` knob) and that has a peak of its own: float32's only family is `fma`; int8's `widen`
-    has one where it runs by pmaddwd (x86), none where its bytes are split."""
+    (the GEMM template's `isa` knob, int8's activations of a reduced range included) and that has a peak of its own:
+    float32's only family is `fma`; int8's `widen` and `pmaddubsw` have one where they run by x86's instructions,
+    none where their bytes are split."""
     from search_space.templates.gemm import isas
 
-    families = isas(target, dtype) if dtype != "float32" else ("fma",)
-    measured = FAMILIES.keys() | TILE_PRODUCTS.keys() | ({"widen"} if has_widen_peak(target) else set())
+    families = isas(target, dtype, reduced=True) if dtype != "float32" else ("fma",)
+    byte_dots = {family for family in BYTE_DOTS if has_byte_dot_peak(target, family)}
+    measured = FAMILIES.keys() | TILE_PRODUCTS.keys() | byte_dots
     return {family: family_peak_call(target, family) for family in families if family in measured}
 
 

@@ -18,7 +18,9 @@ Partial sums of a k-block go to a float32 workspace, not through the bfloat16 ou
 
 int8 (uint8 A × int8 B) sums in int32 registers, exactly. Its packed B holds k in groups of four
 bytes, Bp[n/nr][k/4][nr][4] (AVX-512 VNNI's layout), so a 32-bit lane holds four k: `isa` picks
-each byte widened to int32, multiplied and added (`widen`, any CPU) or VNNI's `vpdpbusd`
+each byte widened to int32, multiplied and added (`widen`, any CPU), AVX2's `pmaddubsw` (byte
+pairs summed in int16, then pmaddwd by ones: exact only for activations in 0..127, so offered only to
+workloads of a reduced range, as PyTorch's x86 quantization makes them) or VNNI's `vpdpbusd`
 (`avx512vnni`). dense dequantizes as it writes: the int32 sum corrected by the zero point times
 the weights' row sums (summed once, when the weights are bound), scaled to float32, then bias and
 epilogue; partial sums of a k-block wait in an int32 workspace.
@@ -55,11 +57,13 @@ VIEWS = True  # reads batch_matmul's operands through the strides its workload g
 VECTOR_SPLITS = ("tile_n",)  # splits whose register tile is counted in vectors: scaled with `vec` to another CPU
 # per dtype whose packed B holds k in groups (as many as a 32-bit lane holds): the `isa` families (those any CPU
 # has first, then those named by a target feature), and the IR op each family's dot is
-FAMILIES = {"bfloat16": ("fma", "fma-f32", "avx512bf16", "amx-bf16"), "int8": ("widen", "avx512vnni", "amx-int8")}
+FAMILIES = {"bfloat16": ("fma", "fma-f32", "avx512bf16", "amx-bf16"),
+            "int8": ("widen", "pmaddubsw", "avx512vnni", "amx-int8")}
 WIDENED = "fma-f32"  # bfloat16's family whose operands are widened to float32 before the product: float32's
 GENERIC = ("fma", WIDENED, "widen")  # the families any CPU has
-DOTS = {"fma": "dot2", "avx512bf16": "dot2_bf16", "amx-bf16": "dot2_amx", "widen": "dot4", "avx512vnni": "dot4_vnni",
-        "amx-int8": "dot4_amx"}
+SATURATING = "pmaddubsw"  # int8's family whose byte pairs sum in int16: for activations of a reduced range, on AVX2
+DOTS = {"fma": "dot2", "avx512bf16": "dot2_bf16", "amx-bf16": "dot2_amx", "widen": "dot4", "pmaddubsw": "dot4_ubsw",
+        "avx512vnni": "dot4_vnni", "amx-int8": "dot4_amx"}
 AMX = ("amx-bf16", "amx-int8")
 TILE = 16  # rows of an AMX tile, and 32-bit columns
 MR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
@@ -129,11 +133,11 @@ def space(workload: Workload, target: Target) -> ConfigSpace:
     if workload.dtype not in FAMILIES:
         return ConfigSpace(knobs, constraints)
     generic = FAMILIES[workload.dtype][0]
-    knobs.append(Knob("isa", "annotate", isas(target, workload.dtype)))
-    # the special dots read the group layout of the packed B, on 16 lanes (or fewer with AVX-512 VL); the widened
-    # family reads B as packed (unpacked, it would be `fma` unpacked: B's pairs widened as loaded)
+    knobs.append(Knob("isa", "annotate", isas(target, workload.dtype, workload.p.get("reduce_range", False))))
+    # the special dots read the group layout of the packed B, AVX-512's on 16 lanes (or fewer with AVX-512 VL); the
+    # widened family reads B as packed (unpacked, it would be `fma` unpacked: B's pairs widened as loaded)
     groups_read = lambda isa, pack_b, vec: isa == generic or (pack_b and (
-        isa == WIDENED or vec == 16 or "avx512vl" in target.features))
+        isa in (WIDENED, SATURATING) or vec == 16 or "avx512vl" in target.features))
     if not amx:
         return ConfigSpace(knobs, constraints + [(("isa", "pack_b", "vec"), groups_read)], strata="isa")
     if not dense:  # AMX's tile products prefetch in every op
@@ -175,11 +179,14 @@ def offers_amx(workload: Workload, target: Target) -> bool:
     return workload.dtype in FAMILIES and isas(target, workload.dtype)[-1] in AMX
 
 
-def isas(target: Target, dtype: str = "bfloat16") -> tuple[str, ...]:
-    """The instruction families a product in `dtype` may use on the target: widening (and FMA) everywhere, AVX-512
-    BF16's pair dot or VNNI's byte-quad dot, and AMX's tile product, where the target has them."""
-    has = lambda family: family in GENERIC or family in target.features and (
-        family not in AMX or "amx-tile" in target.features)
+def isas(target: Target, dtype: str = "bfloat16", reduced: bool = False) -> tuple[str, ...]:
+    """The instruction families a product in `dtype` may use on the target: widening (and FMA) everywhere, AVX2's
+    saturating byte-pair product for int8 activations of a `reduced` range, AVX-512 BF16's pair dot or VNNI's
+    byte-quad dot, and AMX's tile product, where the target has them."""
+    def has(family: str) -> bool:
+        if family == SATURATING:
+            return reduced and "avx2" in target.features
+        return family in GENERIC or family in target.features and (family not in AMX or "amx-tile" in target.features)
     return tuple(family for family in FAMILIES[dtype] if has(family))
 
 
