@@ -2,7 +2,8 @@
 the peak FMA rate, all measured in this run, at 1 thread and at all cores. With `--dtype bfloat16` the shapes
 are in bfloat16, beside PyTorch's bfloat16 (oneDNN) and the peak of the instruction family each best config
 uses. With `--dtype int8`, the shapes in uint8 × int8 beside PyTorch's int8 (quantized linear and convolution, `_int_mm`)
-and the peak of the family each best config uses (GFLOPS are then integer operations a second).
+and the peak of the family each best config uses (GFLOPS are then integer operations a second); dense's activations
+in 0..127, as a dynamically quantized model's are (frontend.quantized).
 
 The search here is the template's fallback and seeds (the register blocks an analytic model of the target
 picks, which the tuner measures first too), a random sample of the space, then greedy descent over one-knob
@@ -166,6 +167,13 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
     }
 
 
+def in_dtype(workload: Workload, dtype: str) -> Workload:
+    """The shape in `dtype`; an int8 dense of a reduced range, as a quantized model's Linear is."""
+    shaped = workload.in_dtype(dtype)
+    return Workload.make("dense", dtype, **shaped.p | {"reduce_range": True}) if shaped.op == "dense" and \
+        dtype == "int8" else shaped
+
+
 def run(quick: bool = False, json_lines: bool = False, trials: int | None = None, only: str | None = None,
         seed: int = 0, dtype: str = "float32", target: str = "llvm") -> list[dict]:
     """At 1 thread and at the target's threads (all cores unless it says), on the target's CPU and features (the
@@ -173,7 +181,7 @@ def run(quick: bool = False, json_lines: bool = False, trials: int | None = None
     trials = trials or (10 if quick else 60)
     host = Target.parse(target)
     thread_counts = sorted({1, host.threads})
-    every = [w.in_dtype(dtype) for w in SHAPES if dtype in TEMPLATES[w.op, "llvm"].DTYPES]
+    every = [in_dtype(w, dtype) for w in SHAPES if dtype in TEMPLATES[w.op, "llvm"].DTYPES]
     shapes = [w for w in every if not only or only in w.key]
     if quick:
         shapes = [w for w in shapes if w in (every[1], every[2], every[5])] or shapes

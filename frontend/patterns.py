@@ -35,7 +35,7 @@ from search_space import Workload, WorkloadError
 from workers.torch_arrays import dtype_name, numpy_array
 
 from .capture import Captured, example_value
-from .quantized import quantized_linear
+from .quantized import quantize_activation, quantized_linear
 from .autograd import gradient_workloads
 from .shapes import Conv2d, Dense, Form, Product, Shape, Size, workload_at
 
@@ -377,7 +377,8 @@ def match_matmul(node: fx.Node, scan: Scan) -> Match | None:
 
 def match_quantized_linear(node: fx.Node, scan: Scan) -> Match | None:
     """frontend.quantized's int8 linear: dense int8, the uint8 activation and its scale and zero point passed at
-    each call, the int8 weight, its scales and the bias bound."""
+    each call, the int8 weight, its scales and the bias bound; of a reduced range where the activation is
+    frontend.quantized's quantization (128 levels)."""
     captured = scan.captured
     x, x_scale, x_zero, weight_node, w_scale_node, bias_node = node.args
     weight, w_scale = constant(weight_node, captured, integer=True), constant(w_scale_node, captured)
@@ -390,8 +391,14 @@ def match_quantized_linear(node: fx.Node, scan: Scan) -> Match | None:
         return None
     epilogue, activation, view = fused_activation(node, scan)
     weights = {"W": weight, "w_scale": w_scale} | ({"bias": bias} if bias is not None else {})
-    form = Dense(weight.shape[0], weight.shape[1], bias is not None, epilogue, "int8")
+    form = Dense(weight.shape[0], weight.shape[1], bias is not None, epilogue, "int8", quantized_activation(x))
     return typed(Match(form, [node] + activation, [x, x_scale, x_zero], (shape, (1,), (1,)), weights, view), captured)
+
+
+def quantized_activation(x) -> bool:
+    """Whether x is the uint8 result of frontend.quantized's quantization (in 0..127)."""
+    source = x.args[0] if isinstance(x, fx.Node) and calls(x, {operator.getitem}) and x.args[1] == 0 else None
+    return isinstance(source, fx.Node) and calls(source, {quantize_activation})
 
 
 def match_conv2d(node: fx.Node, scan: Scan) -> Match | None:

@@ -3,9 +3,10 @@
 Dynamo does not trace torch.ao's quantized modules: torch.compile of such a model hands a backend no graph at
 all. `traceable(model)` gives the model back with each dynamically quantized Linear replaced by a
 `QuantizedLinear`, plain PyTorch that Dynamo traces: the activation quantized per call over its range (zero
-included) to uint8, as dynamic quantization does (over all 256 levels: the int8 kernels do not saturate, so
-PyTorch's reduced range for x86 is not needed), then `tensortune::quantized_linear`, a custom operator the backend
-matches as an int8 dense, its weights, their scales and the bias bound. Where it is not matched it runs in PyTorch,
+included) to uint8, as dynamic quantization does, over 128 levels as PyTorch's quantized Linear asks
+(`reduce_range`: the activations of the user's quantized model, and int8 dense of a reduced range, which AVX2 CPUs
+multiply by bytes, `pmaddubsw`), then `tensortune::quantized_linear`, a custom operator the backend matches as an
+int8 dense, its weights, their scales and the bias bound. Where it is not matched it runs in PyTorch,
 exactly. The quantization is an operator too, `tensortune::quantize_activation`, composite (Inductor compiles the
 PyTorch it is made of): layers quantizing one activation are seen to, and the backend quantizes it once and fuses
 their products (Q, K and V) into one dense.
@@ -18,7 +19,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-LEVELS = 255  # uint8's
+LEVELS = 127  # steps of a uint8 activation in a reduced range, 0..127
 
 
 @torch.library.custom_op("tensortune::quantized_linear", mutates_args=())
@@ -38,7 +39,7 @@ def _(x, x_scale, x_zero, weight, w_scale, bias):
 
 def _quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x as uint8 with its scale and zero point, one pair for the whole tensor: its range widened to hold 0 (so
-    that zero padding stays exact), spread over 256 levels."""
+    that zero padding stays exact), spread over 128 levels."""
     low, high = torch.clamp(x.min(), max=0.0), torch.clamp(x.max(), min=0.0)
     scale = torch.clamp((high - low) / LEVELS, min=torch.finfo(torch.float32).eps)
     zero = torch.clamp(torch.round(-low / scale), 0, LEVELS)

@@ -69,11 +69,12 @@ class Dense(_Result):
     bias: bool = False
     epilogue: str = "none"
     dtype: str = "float32"
+    reduce_range: bool = False  # int8's: x quantized to 128 levels (frontend.quantized)
 
     def workload(self, x: tuple[int, ...], *quantization) -> Workload:
         """From x's shape (in int8, x's scale and zero point follow it, of shape (1,))."""
         return Workload.make("dense", self.dtype, M=math.prod(x[:-1]), N=self.N, K=self.K, bias=self.bias,
-                             epilogue=self.epilogue)
+                             epilogue=self.epilogue, reduce_range=self.reduce_range)
 
     def result_shape(self, x: Shape, *quantization) -> Shape:
         return (*x[:-1], self.N)
