@@ -4,8 +4,8 @@
      "config": {"index": ..., "code_hash": null, "entity": [[knob, kind, value], ...]},
      "result": [costs, error number, all cost, timestamp], "version": 0.2, "tensortune": {...}}
 
-The task name is the op, args its integer parameters in key order, kwargs its options and
-dtype; costs are every timing sample in seconds (the error message for a failure); error
+The task name is the op, args its integer parameters in key order, kwargs its options not at
+their default (as the workload's key names them) and dtype; costs are every timing sample in seconds (the error message for a failure); error
 numbers are AutoTVM's MeasureErrorNo. What AutoTVM's format has no field for (compile time,
 worker, host, start time, flops, phases, the template version) rides in the extra "tensortune"
 object, which AutoTVM's reader ignores; lines without it import too, with those fields left empty
@@ -68,7 +68,8 @@ def encode(record: Record) -> str:
              "phases": result.phases, "template_version": record.template_version}
     return json.dumps({
         "input": [str(target), workload.op, [workload.p[d] for d in workload.spec.dims],
-                  {name: workload.p[name] for name in workload.spec.options} | {"dtype": workload.dtype}],
+                  {name: workload.p[name] for name, default in workload.spec.options.items()
+                   if workload.p[name] != default} | {"dtype": workload.dtype}],
         "config": {"index": config.index, "code_hash": None, "entity": entity},
         "result": [costs, ERROR_NO[Outcome(result.outcome)], all_cost, result.finished_at],
         "version": VERSION, "tensortune": extra,

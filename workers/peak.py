@@ -1,7 +1,7 @@
-"""The machine's peak FMA rate (and int8's widened byte-quad dot, AVX-512 BF16's pair-dot, VNNI's byte-quad-dot and
-AMX's tile-product rates, where it has them), and what launching a parallel kernel costs, all measured with kernels
-written in tensortune's own loop-nest IR (the widened dot's and AMX's in LLVM IR through their intrinsics) and
-compiled by its own code generator."""
+"""The machine's peak FMA rate (and int8's widened and pmaddubsw byte-quad dots, AVX-512 BF16's pair-dot, VNNI's
+byte-quad-dot and AMX's tile-product rates, where it has them), and what launching a parallel kernel costs, all
+measured with kernels written in tensortune's own loop-nest IR (the x86 byte dots' and AMX's in LLVM IR through their
+intrinsics) and compiled by its own code generator."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
