@@ -390,7 +390,8 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     ceiling = row["ceiling"]
     assert ceiling["kernels_ms"] == pytest.approx(sum(op["peak_us"] for op in ops) / 1e3, abs=2e-3)
     assert ceiling["forward_ms"] == pytest.approx(ceiling["kernels_ms"] + outside["tensortune"], abs=2e-3)
-    assert ceiling["speedup"] == pytest.approx(row["eager_ms"] / ceiling["forward_ms"], rel=2e-3)
+    # rounded to 3 places: a ratio under 0.25 is off by more than 2e-3 of itself (0.183 for 0.18343)
+    assert ceiling["speedup"] == pytest.approx(row["eager_ms"] / ceiling["forward_ms"], rel=2e-3, abs=6e-4)
     assert f"a {ceiling['forward_ms']:.2f} ms forward: {ceiling['speedup']:.2f}x eager, the most that" in table
 
 
