@@ -170,8 +170,9 @@ def bench_shape(workload: Workload, target: Target, trials: int, seed: int, quic
 def in_dtype(workload: Workload, dtype: str) -> Workload:
     """The shape in `dtype`; an int8 dense of a reduced range, as a quantized model's Linear is."""
     shaped = workload.in_dtype(dtype)
-    return Workload.make("dense", dtype, **shaped.p | {"reduce_range": True}) if shaped.op == "dense" and \
-        dtype == "int8" else shaped
+    if shaped.op != "dense" or dtype != "int8":
+        return shaped
+    return Workload.make("dense", dtype, **shaped.p | {"reduce_range": True})
 
 
 def run(quick: bool = False, json_lines: bool = False, trials: int | None = None, only: str | None = None,

@@ -5,11 +5,12 @@
      "result": [costs, error number, all cost, timestamp], "version": 0.2, "tensortune": {...}}
 
 The task name is the op, args its integer parameters in key order, kwargs its options not at
-their default (as the workload's key names them) and dtype; costs are every timing sample in seconds (the error message for a failure); error
-numbers are AutoTVM's MeasureErrorNo. What AutoTVM's format has no field for (compile time,
-worker, host, start time, flops, phases, the template version) rides in the extra "tensortune"
-object, which AutoTVM's reader ignores; lines without it import too, with those fields left empty
-and no template version: unversioned, applied only where the config lies in today's space.
+their default (those the workload's key names) and dtype; costs are every timing sample in
+seconds (the error message for a failure); error numbers are AutoTVM's MeasureErrorNo. What
+AutoTVM's format has no field for (compile time, worker, host, start time, flops, phases, the
+template version) rides in the extra "tensortune" object, which AutoTVM's reader ignores; lines
+without it import too, with those fields left empty and no template version: unversioned,
+applied only where the config lies in today's space.
 """
 from __future__ import annotations
 

@@ -366,11 +366,11 @@ class Workload:
         def draw(name: str, shape: tuple[int, ...]) -> np.ndarray:
             dtype = self.operand_dtype(name)
             if name == "x_zero":
-                return rng.integers(0, activation_levels(self), shape, dtype=np.int32)
+                return rng.integers(0, _activation_levels(self), shape, dtype=np.int32)
             if name in ("x_scale", "w_scale"):
                 return (rng.random(shape, dtype=np.float32) + 0.5) / np.float32(256 if name == "x_scale" else 128)
             if dtype == "uint8":
-                return rng.integers(0, activation_levels(self), shape, dtype=dtype)
+                return rng.integers(0, _activation_levels(self), shape, dtype=dtype)
             if dtype == "int8":
                 return rng.integers(-128, 128, shape, dtype=dtype)
             return (rng.random(shape, dtype=np.float32) * 2 - 1).astype(dtype, copy=False)
@@ -425,7 +425,7 @@ def _range_problem(values: dict, dtype: str) -> str | None:
     return None
 
 
-def activation_levels(workload: Workload) -> int:
+def _activation_levels(workload: Workload) -> int:
     """How many uint8 levels an int8 workload's activations take: 128 in a reduced range, else 256."""
     return 128 if workload.p.get("reduce_range") else 256
 

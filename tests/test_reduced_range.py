@@ -35,6 +35,14 @@ def test_a_reduced_range_is_int8s_option_and_part_of_the_key():
         Workload.make("conv2d", "int8", N=1, C=8, H=8, W=8, K=8, R=3, S=3, reduce_range=True)
 
 
+def test_bench_kernels_times_int8_dense_as_a_quantized_model_runs_it():
+    from bench.kernels import in_dtype
+
+    assert in_dtype(dense(128, 768, 768), "int8") == dense(128, 768, 768, dtype="int8", reduce_range=True)
+    assert in_dtype(matmul(512, 512, 512), "int8") == matmul(512, 512, 512, "int8")  # against `_int_mm`, full range
+    assert in_dtype(dense(128, 768, 768), "bfloat16") == dense(128, 768, 768, dtype="bfloat16")
+
+
 def test_the_saturating_family_is_offered_only_to_a_reduced_range_on_avx2():
     """On an AVX2 CPU a reduced dense offers `pmaddubsw` and its fallback takes it; a full-range one, a convolution
     and a CPU without AVX2 never get it; with VNNI (exact at any range) the fallback keeps VNNI's dot."""
