@@ -121,12 +121,12 @@ def byte_dot_peak_module(target: Target, family: str) -> ir.Module:
     product = ir.Function(module, ir.FunctionType(words, [halves, halves]), pmaddwd(width, target.features))
     function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()]), "peak")
     b = ir.IRBuilder(function.append_basic_block("entry"))
-    even, odd = (ir.Constant(halves, [value] * halves.count) for value in (3, -5))
     if family == "pmaddubsw":
         byte_pairs = ir.Function(module, ir.FunctionType(halves, [pairs, pairs]), pmaddubsw(width, target.features))
         ones, weights = ir.Constant(halves, [1] * halves.count), ir.Constant(pairs, [3] * pairs.count)
         dot = lambda acc: b.call(product, [b.call(byte_pairs, [b.bitcast(acc, pairs), weights]), ones])
     else:
+        even, odd = (ir.Constant(halves, [value] * halves.count) for value in (3, -5))
         dot = lambda acc: b.add(b.call(product, [b.bitcast(acc, halves), even]),
                                 b.call(product, [b.bitcast(acc, halves), odd]))
     entry, loop, done = b.block, function.append_basic_block("loop"), function.append_basic_block("done")
