@@ -7,8 +7,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from search_space import Workload
-from workers.torch_arrays import FLOATING
+from search_space import DTYPES, Workload
 
 from .cli_args import (DB_OPTION, TARGET_OPTION, WORKERS_HELP, check_local_host, check_timed_here, check_workers,
                        console, fail, open_database, parse_target, writing_to)
@@ -20,7 +19,6 @@ SEQ_LENS_OPTION = typer.Option(None, "--seq-lens", metavar="L,L,...",
 DTYPE_OPTION = typer.Option("float32", "--dtype", help="float32; bfloat16: the model and its floating-point inputs "
                                                        "cast to it, as model.to(torch.bfloat16) does; int8: its "
                                                        "Linears quantized by torch.ao's quantize_dynamic")
-MODEL_DTYPES = FLOATING + ("int8",)
 CHANNELS_LAST_OPTION = typer.Option(False, "--channels-last", help="the model and its 4-D inputs in PyTorch's "
                                     "channels_last memory format, as advised for a convolutional network on CPUs "
                                     "(eager and Inductor then run it so too)")
@@ -52,8 +50,8 @@ def parse_seq_lens(text: str | None) -> list[int]:
 
 
 def check_dtype(dtype: str, training: bool = False) -> None:
-    if dtype not in MODEL_DTYPES:
-        fail(f"--dtype {dtype}: unknown dtype for a model; known: {', '.join(MODEL_DTYPES)}", 2)
+    if dtype not in DTYPES:  # each: a model's dtype is its tuned ops' (DTYPE_OPTION)
+        fail(f"--dtype {dtype}: unknown dtype for a model; known: {', '.join(DTYPES)}", 2)
     if training and dtype != "float32":
         fail(f"--training runs in float32; --dtype {dtype} is for inference", 2)
 
@@ -110,7 +108,7 @@ def tune_model(model: str = typer.Argument(..., help=MODEL_HELP),
     from tuner.tune import JobFailed, time_split
 
     from .host_waits import WaitingForHosts, waiting_line
-    from .runner import make_measurer
+    from .measurers import make_measurer
 
     target_, database = parse_target(target), open_database(db)  # a bad --db fails before seconds of tracing
     check_local_host(target_, workers)

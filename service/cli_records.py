@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from db import Record, export_log, import_log, upgrade
 from search_space import NoTemplate, Target, Workload, template_version
 
 from .cli_args import (DB_OPTION, OP_ARGUMENT, TARGET_OPTION, console, fail, open_database, parse_target,
                        parse_workload, writing_file, writing_to)
+
+if TYPE_CHECKING:  # the commands import db as they run: every command of the CLI loads this module
+    from db import Record
 
 
 def describe(record: Record, same_config: int, total: int) -> dict:
@@ -98,6 +100,8 @@ def export(file: Path = typer.Argument(..., dir_okay=False, help="the JSON-lines
            best_only: bool = typer.Option(False, "--best-only", help="only the best of each workload and target"),
            db: Optional[str] = DB_OPTION):
     """Write the measurements as AutoTVM-style JSON lines (log format 0.2)."""
+    from db import export_log
+
     with open_database(db) as database, writing_file(file):
         count = export_log(database, file, best_only=best_only)
     console.print(f"exported {count} record(s) to {file}")
@@ -107,6 +111,8 @@ def import_(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="
             best_only: bool = typer.Option(False, "--best-only", help="only the best of each workload and target"),
             db: Optional[str] = DB_OPTION):
     """Read AutoTVM-style JSON lines into the database; malformed lines are reported and skipped (exit 1)."""
+    from db import import_log
+
     with open_database(db) as database, writing_to(database):
         report = import_log(database, file, best_only=best_only)
     for line, why in report.rejected:
@@ -120,6 +126,8 @@ def import_(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="
 
 def db_upgrade(db: Optional[str] = DB_OPTION):
     """Create the database or migrate it to the newest schema."""
+    from db import upgrade
+
     with open_database(db) as database:
         console.print(f"{database} is at schema revision {upgrade(database.engine)}")
 

@@ -8,10 +8,10 @@ from typing import Optional
 
 import typer
 
-from db.client_requests import ClientJobs
-
 from .cli_args import DB_OPTION, WORKERS_HELP, check_workers, console, open_database
-from .runner import default_workers
+from .measurers import default_workers
+
+CLIENT_TRIALS = 64  # ClientJobs.trials, said again: importing db here would slow every command (a test holds them equal)
 
 
 def is_loopback(host: str) -> bool:
@@ -31,10 +31,12 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"),
           client_jobs: bool = typer.Option(True, "--client-jobs/--no-client-jobs",
                                            help="queue a tuning job for each workload a client reports building "
                                                 "without a config (POST /api/requests)"),
-          client_trials: int = typer.Option(ClientJobs.trials, "--client-trials", min=1, max=100_000,
+          client_trials: int = typer.Option(CLIENT_TRIALS, "--client-trials", min=1, max=100_000,
                                             help="the budget of each job queued for clients")):
     """Serve the API and run queued jobs; TENSORTUNE_TOKEN guards every POST."""
     import uvicorn
+
+    from db.client_requests import ClientJobs
 
     from .api import create_app
     from .runner import Runner, RunnerOptions

@@ -16,7 +16,7 @@ from search_space import get_space
 from .cli_args import (DB_OPTION, OP_ARGUMENT, TARGET_OPTION, WORKERS_HELP, check_local_host, check_workers, console, fail,
                        open_database, parse_target, parse_workload, writing_file, writing_to)
 from .cli_records import stored_best
-from .runner import make_measurer
+from .measurers import make_measurer
 
 
 def compare_with_reference(workload, target, config) -> tuple[float, str, float]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -29,6 +28,7 @@ from workers.pool import NoWorkerHost
 from workers.task import MeasureOptions
 
 from .host_waits import HOST_BACKOFF, HostWaits
+from .measurers import default_workers, make_measurer
 
 if TYPE_CHECKING:
     from tuner.scheduler import TasksProgress, TuningTask
@@ -80,20 +80,6 @@ def _extracted_tasks(name: str) -> tuple[TuningTask, ...]:
         return tuple(extract_tasks(*PRESETS[name]()))
     except ModelError as error:
         raise UnknownPreset(str(error)) from None
-
-
-def default_workers() -> str:
-    """Ray when RAY_ADDRESS names a cluster, else this machine's cores."""
-    return "ray" if os.environ.get("RAY_ADDRESS") else "local"
-
-
-def make_measurer(workers: str):
-    """`local`, `ray` (RAY_ADDRESS or a local cluster) or a Ray cluster address."""
-    from workers.pool import RayPoolOptions, make_pool
-
-    if workers == "local":
-        return make_pool("local")
-    return make_pool("ray", RayPoolOptions(address=None if workers == "ray" else workers))
 
 
 @dataclass(frozen=True)
