@@ -15,7 +15,7 @@ from rich.table import Table
 from tuner.allocation import STRATEGIES
 from tuner.scheduler import tune_tasks
 
-from .model import measure_model
+from .model import ROUNDS, measure_model
 
 
 def snapshot(database: Path, copy: Path) -> None:
@@ -43,8 +43,9 @@ def tune_with_checkpoints(name: str, model, inputs, strategy: str, checkpoints: 
 
 
 def run(model_name: str, model, inputs: tuple, checkpoints: tuple[int, ...] = (100, 300),
-        json_lines: bool = False, tuner: str = "xgb") -> list[dict]:
-    """Both strategies on `model` (as frontend.presets.load_model gives it), compared at each checkpoint."""
+        json_lines: bool = False, tuner: str = "xgb", rounds: int = ROUNDS) -> list[dict]:
+    """Both strategies on `model` (as frontend.presets.load_model gives it), compared at each checkpoint, each
+    timed beside eager in `rounds` alternating rounds."""
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         estimates = {s: tune_with_checkpoints(model_name, model, inputs, s, list(checkpoints), Path(folder), tuner)
@@ -52,7 +53,7 @@ def run(model_name: str, model, inputs: tuple, checkpoints: tuple[int, ...] = (1
         for strategy, estimated in estimates.items():
             for checkpoint in checkpoints:
                 measured = measure_model(model_name, model, inputs, f"sqlite:///{folder}/{strategy}-{checkpoint}.db",
-                                         inductor=False)
+                                         rounds=rounds, inductor=False)
                 rows.append({"model": model_name, "strategy": strategy, "trials": checkpoint,
                              "estimated_ms": round(estimated[checkpoint] * 1e3, 3), "eager_ms": measured["eager_ms"],
                              "tensortune_ms": measured["tensortune_ms"], "speedup": measured["tensortune_speedup"],

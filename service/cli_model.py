@@ -191,14 +191,15 @@ def bench_scheduler(model: str = typer.Argument("bert-layer", help=MODEL_HELP),
                     checkpoints: List[int] = typer.Option([100, 300], "--at", min=1,
                                                           help="trials at which to compare (repeat the option)"),
                     tuner: str = typer.Option("xgb", "--tuner", help="xgb, random, grid or ga"),
-                    json_lines: bool = typer.Option(False, "--json", help="one JSON object per row")):
+                    json_lines: bool = typer.Option(False, "--json", help="one JSON object per row"),
+                    rounds: int = ROUNDS_OPTION):
     """The task scheduler's gradient against round-robin, each tuning the model from scratch: estimated and
     measured model latency at each checkpoint (minutes: it tunes twice)."""
     require_torch()
     from bench.scheduler import run
 
     net, inputs_at = load(model, [])
-    run(model, net, inputs_at[None], tuple(sorted(checkpoints)), json_lines, tuner)
+    run(model, net, inputs_at[None], tuple(sorted(checkpoints)), json_lines, tuner, rounds)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

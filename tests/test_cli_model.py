@@ -273,10 +273,12 @@ def test_benchmarks_time_only_code_this_host_runs(command, tmp_path, monkeypatch
 def test_bench_scheduler_compares_both_strategies_at_a_checkpoint(tmp_path):
     """Both strategies tune the model from scratch; each row is measured beside eager in the same run."""
     (tmp_path / "models.py").write_text(MODEL_FILE)
-    compared = run("bench", "scheduler", "models.py:tiny", "--at", "8", "--tuner", "random", "--json", cwd=tmp_path)
+    compared = run("bench", "scheduler", "models.py:tiny", "--at", "8", "--tuner", "random", "--json", "--rounds", "3",
+                   cwd=tmp_path)
     assert compared.returncode == 0, compared.stderr
     rows = [json.loads(line) for line in compared.stdout.splitlines()]
     assert [(r["strategy"], r["trials"]) for r in rows] == [("gradient", 8), ("round-robin", 8)]
+    assert all(len(r["samples_ms"][way]) == 3 for r in rows for way in ("eager", "tensortune"))
     assert all(0 < r["estimated_ms"] < 1e3 and r["eager_ms"] > 0 and r["tensortune_ms"] > 0 for r in rows)
     # each speedup is the median of the rounds' ratios (bench model's)
     ratios = [np.median(np.divide(r["samples_ms"]["eager"], r["samples_ms"]["tensortune"])) for r in rows]
