@@ -50,7 +50,7 @@ def parse_seq_lens(text: str | None) -> list[int]:
 
 
 def check_dtype(dtype: str, training: bool = False) -> None:
-    if dtype not in DTYPES:  # each: a model's dtype is its tuned ops' (DTYPE_OPTION)
+    if dtype not in DTYPES:  # a model runs in each dtype its ops are tuned in (DTYPE_OPTION says how)
         fail(f"--dtype {dtype}: unknown dtype for a model; known: {', '.join(DTYPES)}", 2)
     if training and dtype != "float32":
         fail(f"--training runs in float32; --dtype {dtype} is for inference", 2)

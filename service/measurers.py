@@ -1,5 +1,5 @@
 """Which measurement workers run a job: this machine's cores or a Ray cluster. Kept apart from the runner, which
-stores jobs, so that the CLI names its default without loading the database layer."""
+imports the database layer, so that the CLI names its default without loading that."""
 from __future__ import annotations
 
 import os
