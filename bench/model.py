@@ -111,8 +111,9 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
                 rows[-1] |= {"dtype": dtype, **{f"{way}_float32_error": max_difference(outputs[way][length], wide[length])
                                                 for way in ("eager", "tensortune")}}
         for row, inputs in zip(rows if profile else [], inputs_at.values()):  # after timing: it adds graphs
-            in_model = in_model_seconds(runs["tensortune"].run, inputs)
-            row["profile"] = profile_tasks(extract_tasks(model, inputs), in_model, db, target)
+            forward = lambda run=runs["tensortune"].run, inputs=inputs: run(*inputs)  # noqa: E731
+            in_model = in_model_seconds(forward)
+            row["profile"] = profile_tasks(extract_tasks(model, inputs), forward, in_model, db, target)
             row["outside_ms"] = outside(row, row["profile"], in_model["forwards"])
             row["ceiling"] = ceiling(row, row["profile"])
     return rows

@@ -1,22 +1,25 @@
 """`tensortune bench model MODEL --profile`: where a model's time goes, before anything is changed to win it back.
 
 Each tuned op of the model (a task, as extract_tasks finds it) is timed three ways in one run, a dense or conv2d op
-four: in the model, each kernel call of the tensortune backend timed by the clock around it (weights coming from
-memory, threads woken between PyTorch's operators; torch.profiler's events added up to 65 µs a call, twice a small
-kernel's time); alone, its kernel with the config the backend picks, weights bound; alone, the PyTorch operators
-eager runs for it (dense's bias and activation included), alternating with the kernel; and alone, oneDNN's packed
-linear or convolution, what Inductor's max-autotune with freezing runs for it where it picks oneDNN; and a float32
-dense beside MKL's packed GEMM, max-autotune's other choice for it where PyTorch has MKL (on an Intel Xeon it picked
-MKL's for BERT's float32 products over its C++ template, 0.50 ms against 1.19 for 128×768×768). Counted as
-often as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the
-kernels do not account for of tensortune's forwards is the time outside them, both timed in the same forwards;
-eager's is estimated from its operators' times alone. Beside the time in the model is the one tuning measured for
-the stored best (its protocol's, workers.task.MeasureOptions): how well tuning predicted the model. Part of
-tensortune's is its own: the backend's Python work before each kernel call (the glue column), which in a model finds
-the caches cold that the kernel before it filled with its weights. In each op's rounds runs also the peak kernel of
-the fastest instruction family for its dtype (workers.peak): the fraction of that rate the op's kernel reaches alone,
-and the forward tensortune would run were every op at it and the rest as it is, which bounds what faster kernels
-could win: where eager's time over that forward is under a goal, no kernel reaches it."""
+four, in ROUNDS rounds that take each way in turn: in the model, its kernel's calls in forwards of the tensortune
+backend's model, each timed by the clock around it (weights coming from memory, threads woken between PyTorch's
+operators; torch.profiler's events added up to 65 µs a call, twice a small kernel's time); alone, its kernel with
+the config the backend picks, weights bound; alone, the PyTorch operators eager runs for it (dense's bias and
+activation included); and alone, oneDNN's packed linear or convolution, what Inductor's max-autotune with freezing
+runs for it where it picks oneDNN; and a float32 dense beside MKL's packed GEMM, max-autotune's other choice for it
+where PyTorch has MKL (on an Intel Xeon it picked MKL's for BERT's float32 products over its C++ template, 0.50 ms
+against 1.19 for 128×768×768). The kernel in the model over the kernel alone is the median of the rounds' ratios:
+timed minutes apart on a shared Intel host, the two had differed by 20-30%; in the same rounds on a Zen 3,
+bert-layer's dense ops ran at 0.98-1.05 of their time alone. Counted as often as a forward pass runs it, the rows
+are sorted by what tensortune loses alone against PyTorch. What the kernels do not account for of tensortune's
+forwards is the time outside them, both timed in the same forwards; eager's is estimated from its operators' times
+alone. Beside the time in the model is the one tuning measured for the stored best (its protocol's,
+workers.task.MeasureOptions): how well tuning predicted the model. Part of tensortune's is its own: the backend's
+Python work before each kernel call (the glue column), which in a model finds the caches cold that the kernel before
+it filled with its weights. In each op's rounds runs also the peak kernel of the fastest instruction family for its
+dtype (workers.peak): the fraction of that rate the op's kernel reaches alone, and the forward tensortune would run
+were every op at it and the rest as it is, which bounds what faster kernels could win: where eager's time over that
+forward is under a goal, no kernel reaches it."""
 from __future__ import annotations
 
 import time
@@ -38,7 +41,9 @@ from workers.peak import family_peak_calls, peak_rate
 ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}
 PACKED = {"onednn": "oneDNN packed µs", "mkl": "MKL packed µs"}  # the packed references, by key and column
 PREFIX = "tensortune "  # the backend's names of its kernel calls: this and the workload's key
-FORWARDS = 10  # forward passes whose kernel calls are timed
+FORWARDS = 10  # forward passes whose kernels are told apart from the rest of the forward (`outside`)
+ROUNDS = 3  # rounds each op is timed in, in the model and alone in turn
+ROUND_FORWARDS = 2  # forward passes in which a round times the op's kernel calls
 
 
 def torch_op(workload: Workload, inputs: list, threads: int) -> Callable:
@@ -103,27 +108,41 @@ def mkl_packed(workload: Workload, inputs: list) -> Callable | None:
     return lambda: activation(torch.ops.mkl._mkl_linear(x, packed, w, bias, x.shape[0]))
 
 
-def in_model_seconds(compiled, inputs: tuple) -> dict:
-    """Seconds per call of each tuned kernel (by workload key), and of the backend's Python work before it, each
-    the median over FORWARDS calls of the compiled model, and each forward's seconds beside its kernels' seconds:
-    {"kernel": {key: s}, "glue": {key: s}, "forwards": [(forward s, kernels s), ...]}."""
+def in_model_seconds(forward: Callable[[], object]) -> dict:
+    """Seconds per call of the backend's Python work before each tuned kernel (by workload key), the median over
+    FORWARDS forwards of the compiled model, and each forward's seconds beside its kernels' seconds:
+    {"glue": {key: s}, "forwards": [(forward s, kernels s), ...]}."""
     from frontend.backend import kernel_clock
 
-    compiled(*inputs)  # compiled and warm before the clock
+    forward()  # compiled and warm before the clock
     forwards = []
     with kernel_clock() as seconds:
         for _ in range(FORWARDS):
             before, start = sum(map(sum, seconds.values())), time.perf_counter()
-            compiled(*inputs)
+            forward()
             forwards.append((time.perf_counter() - start, sum(map(sum, seconds.values())) - before))
-    median = lambda timed: {name[len(PREFIX):]: float(np.median(values)) for name, values in timed.items()}
-    return {"kernel": median(seconds), "glue": median(seconds.glue), "forwards": forwards}
+    return {"glue": {name[len(PREFIX):]: float(np.median(values)) for name, values in seconds.glue.items()},
+            "forwards": forwards}
 
 
-def profile_tasks(tasks, in_model: dict, db: str | None, target: str) -> list[dict]:
-    """Per task: µs per call in the model (its kernel, and the backend's Python work before it) and alone, PyTorch's
-    alone (and oneDNN's packed op's, for dense and conv2d; MKL's packed GEMM's, for a float32 dense), and the ms per
-    forward pass tensortune loses alone against PyTorch (negative: wins); the largest loss first."""
+def kernel_in_model(forward: Callable[[], object], key: str) -> float | None:
+    """The median seconds of a call of the workload's kernel over ROUND_FORWARDS forwards after one untimed (the
+    ways timed alone before it leave other data in the caches than a forward does); None where the model runs no
+    such kernel."""
+    from frontend.backend import kernel_clock
+
+    forward()
+    with kernel_clock() as seconds:
+        for _ in range(ROUND_FORWARDS):
+            forward()
+    return float(np.median(seconds[PREFIX + key])) if PREFIX + key in seconds else None
+
+
+def profile_tasks(tasks, forward: Callable[[], object], in_model: dict, db: str | None, target: str) -> list[dict]:
+    """Per task: µs per call in the model (its kernel in `forward`s, and the backend's Python work before it, of
+    `in_model`) and alone, PyTorch's alone (and oneDNN's packed op's, for dense and conv2d; MKL's packed GEMM's, for a
+    float32 dense), and the ms per forward pass tensortune loses alone against PyTorch (negative: wins); the largest
+    loss first."""
     from frontend.shapes import Kernels
 
     target_ = Target.parse(target)
@@ -138,13 +157,17 @@ def profile_tasks(tasks, in_model: dict, db: str | None, target: str) -> list[di
         calls = {"tensortune": tuned, "torch": torch_op(task.workload, inputs, target_.threads),
                  "onednn": onednn_packed(task.workload, inputs), "mkl": mkl_packed(task.workload, inputs),
                  "peak": peak[1] if (peak := peaks.get(task.workload.dtype)) else None}
-        samples = alternating_samples({way: call for way, call in calls.items() if call is not None},
-                                      target_.threads, rounds=3)
+        key, model, samples = task.workload.key, [], {way: [] for way, call in calls.items() if call is not None}
+        for _ in range(ROUNDS):
+            model.append(kernel_in_model(forward, key))
+            for way, values in alternating_samples({way: calls[way] for way in samples}, target_.threads, 1).items():
+                samples[way] += values
         seconds = {way: float(np.median(values)) for way, values in samples.items()}
-        key = task.workload.key
-        rows.append({"workload": key, "weight": task.weight,
-                     **{f"{part}_us": round(in_model[way][key] * 1e6, 1) if key in in_model[way] else None
-                        for part, way in (("in_model", "kernel"), ("glue", "glue"))},
+        in_model_us = round(float(np.median(model)) * 1e6, 1) if None not in model else None
+        rows.append({"workload": key, "weight": task.weight, "in_model_us": in_model_us,
+                     "in_model_vs_alone": median_ratio(samples | {"model": model}, "model", "tensortune")[0]
+                     if in_model_us is not None else None,
+                     "glue_us": round(in_model["glue"][key] * 1e6, 1) if key in in_model["glue"] else None,
                      "tuned_us": round(as_tuned[key] * 1e6, 1) if key in as_tuned else None,
                      "tensortune_us": round(seconds["tensortune"] * 1e6, 1), "torch_us": round(seconds["torch"] * 1e6, 1),
                      **{f"{way}_us": round(seconds[way] * 1e6, 1) if way in seconds else None for way in PACKED},
@@ -216,14 +239,16 @@ def print_profile(row: dict) -> None:
     at = f" at sequence length {row['seq_len']}" if row["seq_len"] else ""
     table = Table(title=f"{row['model']}{at}: each tuned op per call, in the model and alone beside PyTorch's "
                         f"operators for it (same run), the largest loss per forward pass first", title_justify="left")
-    for column in ("weight", "workload", "in model µs", "as tuned µs", "glue µs", "alone µs", "PyTorch µs",
-                   "speedup alone", "of peak", "loss ms/forward", *PACKED.values()):
+    for column in ("weight", "workload", "in model µs", "as tuned µs", "glue µs", "alone µs", "model / alone",
+                   "PyTorch µs", "speedup alone", "of peak", "loss ms/forward", *PACKED.values()):
         table.add_column(column)
     for op in row["profile"]:
         in_model, tuned, glue, *packed = (f"{op[key]:.1f}" if op.get(key) is not None else "-" for key in (
             "in_model_us", "tuned_us", "glue_us", *(f"{way}_us" for way in PACKED)))
         table.add_row(str(op["weight"]), Workload.from_key(op["workload"]).label, in_model, tuned, glue,
-                      f"{op['tensortune_us']:.1f}", f"{op['torch_us']:.1f}",
+                      f"{op['tensortune_us']:.1f}",
+                      f"{op['in_model_vs_alone']:.2f}" if op["in_model_vs_alone"] is not None else "-",
+                      f"{op['torch_us']:.1f}",
                       f"{op['torch_us'] / op['tensortune_us']:.2f}x",
                       f"{op['peak_fraction']:.0%}" if op["peak_fraction"] is not None else "-", f"{op['loss_ms']:+.3f}",
                       *packed)
