@@ -9,11 +9,11 @@ activation included); and alone, oneDNN's packed linear or convolution, what Ind
 runs for it where it picks oneDNN; and a float32 dense beside MKL's packed GEMM, max-autotune's other choice for it
 where PyTorch has MKL (on an Intel Xeon it picked MKL's for BERT's float32 products over its C++ template, 0.50 ms
 against 1.19 for 128×768×768). The kernel in the model over the kernel alone is the median of the rounds' ratios:
-timed minutes apart on a shared Intel host, the two had differed by 20-30%; in the same rounds on a Zen 3,
-bert-layer's dense ops ran at 0.98-1.05 of their time alone. Counted as often as a forward pass runs it, the rows
-are sorted by what tensortune loses alone against PyTorch. What the kernels do not account for of tensortune's
-forwards is the time outside them, both timed in the same forwards; eager's is estimated from its operators' times
-alone. Beside the time in the model is the one tuning measured for the stored best (its protocol's,
+timed minutes apart on a shared Intel host, three of BERT's four dense ops had differed by 24-36%; in the same
+rounds on a Zen 3, bert-layer's dense ops ran at 0.98-1.05 of their time alone. Counted as often as a forward pass
+runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the kernels do not account for of
+tensortune's forwards is the time outside them, both timed in the same forwards; eager's is estimated from its
+operators' times alone. Beside the time in the model is the one tuning measured for the stored best (its protocol's,
 workers.task.MeasureOptions): how well tuning predicted the model. Part of tensortune's is its own: the backend's
 Python work before each kernel call (the glue column), which in a model finds the caches cold that the kernel before
 it filled with its weights. In each op's rounds runs also the peak kernel of the fastest instruction family for its
