@@ -111,10 +111,11 @@ def measure_at_lengths(name: str, model, inputs_at: dict, db: str | None = None,
                 rows[-1] |= {"dtype": dtype, **{f"{way}_float32_error": max_difference(outputs[way][length], wide[length])
                                                 for way in ("eager", "tensortune")}}
         for row, inputs in zip(rows if profile else [], inputs_at.values()):  # after timing: it adds graphs
-            forward = lambda run=runs["tensortune"].run, inputs=inputs: run(*inputs)  # noqa: E731
-            in_model = in_model_seconds(forward)
-            row["profile"] = profile_tasks(extract_tasks(model, inputs), forward, in_model, db, target)
-            row["outside_ms"] = outside(row, row["profile"], in_model["forwards"])
+            forward = {way: (lambda run=runs[way].run, inputs=inputs: run(*inputs)) for way in ("tensortune", "eager")}
+            in_model = in_model_seconds(forward["tensortune"])
+            row["profile"] = profile_tasks(extract_tasks(model, inputs), forward["tensortune"], forward["eager"],
+                                           in_model, db, target)
+            row["outside_ms"] = outside(row["profile"], in_model["forwards"])
             row["ceiling"] = ceiling(row, row["profile"])
     return rows
 

@@ -12,8 +12,8 @@ against 1.19 for 128×768×768). The kernel in the model over the kernel alone i
 timed minutes apart on a shared Intel host, three of BERT's four dense ops had differed by 24-36%; in the same
 rounds on a Zen 3, bert-layer's dense ops ran at 0.98-1.05 of their time alone. Counted as often as a forward pass
 runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the kernels do not account for of
-tensortune's forwards is the time outside them, both timed in the same forwards; eager's is estimated from its
-operators' times alone. Beside the time in the model is the one tuning measured for the stored best (its protocol's,
+tensortune's forwards is the time outside them, both timed in the same forwards; eager's is an eager forward timed in
+each op's rounds less its operators' times alone. Beside the time in the model is the one tuning measured for the stored best (its protocol's,
 workers.task.MeasureOptions): how well tuning predicted the model. Part of tensortune's is its own: the backend's
 Python work before each kernel call (the glue column), which in a model finds the caches cold that the kernel before
 it filled with its weights. In each op's rounds runs also the peak kernel of the fastest instruction family for its
@@ -138,11 +138,24 @@ def kernel_in_model(forward: Callable[[], object], key: str) -> float | None:
     return float(np.median(seconds[PREFIX + key])) if PREFIX + key in seconds else None
 
 
-def profile_tasks(tasks, forward: Callable[[], object], in_model: dict, db: str | None, target: str) -> list[dict]:
+def eager_forward(eager: Callable[[], object]) -> float:
+    """The median seconds of ROUND_FORWARDS forwards of the eager model after one untimed, as kernel_in_model times
+    the tensortune one's: eager's side of the time outside the tuned ops, in the minutes its operators are timed."""
+    eager()
+    seconds = []
+    for _ in range(ROUND_FORWARDS):
+        start = time.perf_counter()
+        eager()
+        seconds.append(time.perf_counter() - start)
+    return float(np.median(seconds))
+
+
+def profile_tasks(tasks, forward: Callable[[], object], eager: Callable[[], object], in_model: dict, db: str | None,
+                  target: str) -> list[dict]:
     """Per task: µs per call in the model (its kernel in `forward`s, and the backend's Python work before it, of
     `in_model`) and alone, PyTorch's alone (and oneDNN's packed op's, for dense and conv2d; MKL's packed GEMM's, for a
-    float32 dense), and the ms per forward pass tensortune loses alone against PyTorch (negative: wins); the largest
-    loss first."""
+    float32 dense), the ms per forward pass tensortune loses alone against PyTorch (negative: wins), and the ms of
+    an `eager` forward timed in the op's rounds; the largest loss first."""
     from frontend.shapes import Kernels
 
     target_ = Target.parse(target)
@@ -157,8 +170,10 @@ def profile_tasks(tasks, forward: Callable[[], object], in_model: dict, db: str 
         calls = {"tensortune": tuned, "torch": torch_op(task.workload, inputs, target_.threads),
                  "onednn": onednn_packed(task.workload, inputs), "mkl": mkl_packed(task.workload, inputs),
                  "peak": peak[1] if (peak := peaks.get(task.workload.dtype)) else None}
-        key, model, samples = task.workload.key, [], {way: [] for way, call in calls.items() if call is not None}
+        key, model, eagers = task.workload.key, [], []
+        samples = {way: [] for way, call in calls.items() if call is not None}
         for _ in range(ROUNDS):
+            eagers.append(eager_forward(eager))
             model.append(kernel_in_model(forward, key))
             for way, values in alternating_samples({way: calls[way] for way in samples}, target_.threads, 1).items():
                 samples[way] += values
@@ -172,6 +187,7 @@ def profile_tasks(tasks, forward: Callable[[], object], in_model: dict, db: str 
                      "tensortune_us": round(seconds["tensortune"] * 1e6, 1), "torch_us": round(seconds["torch"] * 1e6, 1),
                      **{f"{way}_us": round(seconds[way] * 1e6, 1) if way in seconds else None for way in PACKED},
                      "loss_ms": round(task.weight * (seconds["tensortune"] - seconds["torch"]) * 1e3, 3),
+                     "eager_forward_ms": round(float(np.median(eagers)) * 1e3, 3),
                      **at_peak(task.workload, samples, peak)})
     return sorted(rows, key=lambda row: -row["loss_ms"])
 
@@ -208,19 +224,22 @@ def tuned_seconds(db: str | None, target: Target, workloads: list[Workload]) -> 
     return {workload.key: best[0].result.median for workload in workloads if (best := database.best(workload, target))}
 
 
-def outside(model_row: dict, ops: list[dict], forwards: list[tuple[float, float]]) -> dict:
+def outside(ops: list[dict], forwards: list[tuple[float, float]]) -> dict:
     """Each way's model time not spent in the tuned ops, in ms. Tensortune's: the median over the profiled forwards
     of a forward's time less its kernels' (the model timed apart from its kernels, in other seconds of a shared host,
     made it 0.72-2.75 ms of bert-layer's ~15 in three runs on a Zen 3, the same forwards 1.23-1.49), beside the median
     forward ("tensortune_forward"), every forward's pair ("tensortune_forwards"), and the backend's Python work
-    before each kernel, part of it ("tensortune_glue"). Eager's: its model time less its operators' times alone."""
+    before each kernel, part of it ("tensortune_glue"). Eager's: the median of the eager forwards timed in the ops'
+    rounds ("eager_forward") less its operators' times alone in those rounds (the bench's eager time, minutes
+    before them, made it -1.61 to 7.46 ms of bert-layer's ~20 in four runs on a Zen 3)."""
     per_forward = lambda key: sum(op["weight"] * (op[key] or 0.0) for op in ops) / 1e3
-    operators = sum(op["weight"] * op["torch_us"] for op in ops) / 1e3
+    eager = float(np.median([op["eager_forward_ms"] for op in ops]))
     walls, kernels = np.array(forwards).T * 1e3
     return {"tensortune": round(float(np.median(walls - kernels)), 3),
             "tensortune_forward": round(float(np.median(walls)), 3),
             "tensortune_forwards": [[round(float(w), 4), round(float(k), 4)] for w, k in zip(walls, kernels)],
-            "tensortune_glue": round(per_forward("glue_us"), 3), "eager": round(model_row["eager_ms"] - operators, 3)}
+            "tensortune_glue": round(per_forward("glue_us"), 3),
+            "eager": round(eager - per_forward("torch_us"), 3), "eager_forward": round(eager, 3)}
 
 
 def ceiling(model_row: dict, ops: list[dict]) -> dict | None:
@@ -257,7 +276,7 @@ def print_profile(row: dict) -> None:
           f"{row['outside_ms']['tensortune_forward']:.2f} (a forward less its kernels, in the same {FORWARDS} "
           f"forwards; of it {row['outside_ms']['tensortune_glue']:.2f} ms the backend's "
           f"Python work before each kernel, the glue column), eager {row['outside_ms']['eager']:.2f} ms of "
-          f"{row['eager_ms']:.2f} (its operators as timed alone)")
+          f"{row['outside_ms']['eager_forward']:.2f} (a forward in the ops' rounds less its operators timed alone)")
     if row["ceiling"]:
         families = ", ".join(sorted({op["peak_family"] for op in row["profile"]}))
         print(f"at the peak rate ({families}, timed beside each op) the tuned ops would take "
