@@ -1,25 +1,26 @@
 """`tensortune bench model MODEL --profile`: where a model's time goes, before anything is changed to win it back.
 
-Each tuned op of the model (a task, as extract_tasks finds it) is timed three ways in one run, a dense or conv2d op
-four, in ROUNDS rounds that take each way in turn: in the model, its kernel's calls in forwards of the tensortune
-backend's model, each timed by the clock around it (weights coming from memory, threads woken between PyTorch's
-operators; torch.profiler's events added up to 65 µs a call, twice a small kernel's time); alone, its kernel with
-the config the backend picks, weights bound; alone, the PyTorch operators eager runs for it (dense's bias and
-activation included); and alone, oneDNN's packed linear or convolution, what Inductor's max-autotune with freezing
-runs for it where it picks oneDNN; and a float32 dense beside MKL's packed GEMM, max-autotune's other choice for it
-where PyTorch has MKL (on an Intel Xeon it picked MKL's for BERT's float32 products over its C++ template, 0.50 ms
-against 1.19 for 128×768×768). The kernel in the model over the kernel alone is the median of the rounds' ratios:
-timed minutes apart on a shared Intel host, three of BERT's four dense ops had differed by 24-36%; in the same
-rounds on a Zen 3, bert-layer's dense ops ran at 0.98-1.05 of their time alone. Counted as often as a forward pass
-runs it, the rows are sorted by what tensortune loses alone against PyTorch. What the kernels do not account for of
-tensortune's forwards is the time outside them, both timed in the same forwards; eager's is an eager forward timed in
-each op's rounds less its operators' times alone. Beside the time in the model is the one tuning measured for the stored best (its protocol's,
-workers.task.MeasureOptions): how well tuning predicted the model. Part of tensortune's is its own: the backend's
-Python work before each kernel call (the glue column), which in a model finds the caches cold that the kernel before
-it filled with its weights. In each op's rounds runs also the peak kernel of the fastest instruction family for its
-dtype (workers.peak): the fraction of that rate the op's kernel reaches alone, and the forward tensortune would run
-were every op at it and the rest as it is, which bounds what faster kernels could win: where eager's time over that
-forward is under a goal, no kernel reaches it."""
+Each tuned op of the model (a task, as extract_tasks finds it) is timed in ROUNDS rounds that take each way in turn:
+in the model, its kernel's calls in forwards of the tensortune backend's model, each timed by the clock around it
+(weights coming from memory, threads woken between PyTorch's operators; torch.profiler's events added up to 65 µs a
+call, twice a small kernel's time); alone, its kernel with the config the backend picks, weights bound, warm; alone
+as tuning times it (workers.task.MeasureOptions: single calls, weights rotated over copies that spill the caches,
+activations written again before each call); alone, the PyTorch operators eager runs for it (dense's bias and
+activation included); and for a dense or conv2d, oneDNN's packed linear or convolution, what Inductor's max-autotune
+with freezing runs for it where it picks oneDNN, and for a float32 dense MKL's packed GEMM, max-autotune's other
+choice where PyTorch has MKL (on an Intel Xeon it picked MKL's for BERT's float32 products over its C++ template,
+0.50 ms against 1.19 for 128×768×768). The kernel in the model over the kernel alone, warm and as tuning times it,
+are medians of the rounds' ratios: timed minutes apart on a shared Intel host, three of BERT's four dense ops had
+differed by 24-36%; in the same rounds on a Zen 3, bert-layer's dense ops ran at 0.98-1.05 of their time alone.
+Counted as often as a forward pass runs it, the rows are sorted by what tensortune loses alone against PyTorch. What
+the kernels do not account for of tensortune's forwards is the time outside them, both timed in the same forwards;
+eager's is an eager forward timed in each op's rounds less its operators' times alone. Beside the time in the model
+is also the one tuning stored for the best config: how well tuning predicted the model. Part of tensortune's is its
+own: the backend's Python work before each kernel call (the glue column), which in a model finds the caches cold
+that the kernel before it filled with its weights. In each op's rounds runs also the peak kernel of the fastest
+instruction family for its dtype (workers.peak): the fraction of that rate the op's kernel reaches alone, and the
+forward tensortune would run were every op at it and the rest as it is, which bounds what faster kernels could win:
+where eager's time over that forward is under a goal, no kernel reaches it."""
 from __future__ import annotations
 
 import time
@@ -36,6 +37,7 @@ from workers.reference import (alternating_samples, inference_call, int8_calls, 
                                torch_epilogue, torch_operands)
 
 from workers.peak import family_peak_calls, peak_rate
+from workers.task import MeasureOptions, timed_call
 
 # oneDNN's fused post-op (attribute, algorithm) for each epilogue
 ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}
@@ -153,7 +155,7 @@ def eager_forward(eager: Callable[[], object]) -> float:
 def profile_tasks(tasks, forward: Callable[[], object], eager: Callable[[], object], in_model: dict, db: str | None,
                   target: str) -> list[dict]:
     """Per task: µs per call in the model (its kernel in `forward`s, and the backend's Python work before it, of
-    `in_model`) and alone, PyTorch's alone (and oneDNN's packed op's, for dense and conv2d; MKL's packed GEMM's, for a
+    `in_model`) and alone, warm and as tuning times it ("rotated"), PyTorch's alone (and oneDNN's packed op's, for dense and conv2d; MKL's packed GEMM's, for a
     float32 dense), the ms per forward pass tensortune loses alone against PyTorch (negative: wins), and the ms of
     an `eager` forward timed in the op's rounds; the largest loss first."""
     from frontend.shapes import Kernels
@@ -166,26 +168,30 @@ def profile_tasks(tasks, forward: Callable[[], object], eager: Callable[[], obje
     rows = []
     for task in tasks:
         inputs = task.workload.random_inputs()
-        tuned, _ = inference_call(kernels.get(task.workload), inputs)
+        kernel = kernels.get(task.workload)
+        tuned, _ = inference_call(kernel, inputs)
+        as_tuning = timed_call(kernel, inputs, MeasureOptions())  # weights rotated, activations just written
         calls = {"tensortune": tuned, "torch": torch_op(task.workload, inputs, target_.threads),
                  "onednn": onednn_packed(task.workload, inputs), "mkl": mkl_packed(task.workload, inputs),
                  "peak": peak[1] if (peak := peaks.get(task.workload.dtype)) else None}
-        key, model, eagers = task.workload.key, [], []
+        key, model, rotated, eagers = task.workload.key, [], [], []
         samples = {way: [] for way, call in calls.items() if call is not None}
         for _ in range(ROUNDS):
             eagers.append(eager_forward(eager))
             model.append(kernel_in_model(forward, key))
             for way, values in alternating_samples({way: calls[way] for way in samples}, target_.threads, 1).items():
                 samples[way] += values
-        seconds = {way: float(np.median(values)) for way, values in samples.items()}
+            rotated.append(float(np.median(as_tuning.samples(MeasureOptions()))))
+        samples |= {"model": model, "rotated": rotated}
+        seconds = {way: float(np.median(values)) for way, values in samples.items() if way != "model"}
         in_model_us = round(float(np.median(model)) * 1e6, 1) if None not in model else None
         rows.append({"workload": key, "weight": task.weight, "in_model_us": in_model_us,
-                     "in_model_vs_alone": median_ratio(samples | {"model": model}, "model", "tensortune")[0]
-                     if in_model_us is not None else None,
+                     **{f"in_model_vs_{way}": median_ratio(samples, "model", name)[0] if in_model_us is not None
+                        else None for way, name in (("alone", "tensortune"), ("rotated", "rotated"))},
                      "glue_us": round(in_model["glue"][key] * 1e6, 1) if key in in_model["glue"] else None,
                      "tuned_us": round(as_tuned[key] * 1e6, 1) if key in as_tuned else None,
-                     "tensortune_us": round(seconds["tensortune"] * 1e6, 1), "torch_us": round(seconds["torch"] * 1e6, 1),
-                     **{f"{way}_us": round(seconds[way] * 1e6, 1) if way in seconds else None for way in PACKED},
+                     **{f"{way}_us": round(seconds[way] * 1e6, 1) if way in seconds else None
+                        for way in ("tensortune", "rotated", "torch", *PACKED)},
                      "loss_ms": round(task.weight * (seconds["tensortune"] - seconds["torch"]) * 1e3, 3),
                      "eager_forward_ms": round(float(np.median(eagers)) * 1e3, 3),
                      **at_peak(task.workload, samples, peak)})
@@ -255,18 +261,19 @@ def ceiling(model_row: dict, ops: list[dict]) -> dict | None:
 
 
 def print_profile(row: dict) -> None:
+    ratio = lambda value: f"{value:.2f}" if value is not None else "-"  # noqa: E731
     at = f" at sequence length {row['seq_len']}" if row["seq_len"] else ""
     table = Table(title=f"{row['model']}{at}: each tuned op per call, in the model and alone beside PyTorch's "
                         f"operators for it (same run), the largest loss per forward pass first", title_justify="left")
     for column in ("weight", "workload", "in model µs", "as tuned µs", "glue µs", "alone µs", "model / alone",
-                   "PyTorch µs", "speedup alone", "of peak", "loss ms/forward", *PACKED.values()):
+                   "rotated µs", "model / rotated", "PyTorch µs", "speedup alone", "of peak", "loss ms/forward", *PACKED.values()):
         table.add_column(column)
     for op in row["profile"]:
         in_model, tuned, glue, *packed = (f"{op[key]:.1f}" if op.get(key) is not None else "-" for key in (
             "in_model_us", "tuned_us", "glue_us", *(f"{way}_us" for way in PACKED)))
         table.add_row(str(op["weight"]), Workload.from_key(op["workload"]).label, in_model, tuned, glue,
                       f"{op['tensortune_us']:.1f}",
-                      f"{op['in_model_vs_alone']:.2f}" if op["in_model_vs_alone"] is not None else "-",
+                      ratio(op["in_model_vs_alone"]), f"{op['rotated_us']:.1f}", ratio(op["in_model_vs_rotated"]),
                       f"{op['torch_us']:.1f}",
                       f"{op['torch_us'] / op['tensortune_us']:.2f}x",
                       f"{op['peak_fraction']:.0%}" if op["peak_fraction"] is not None else "-", f"{op['loss_ms']:+.3f}",

@@ -376,7 +376,7 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     assert row["outside_ms"]["eager"] == pytest.approx(eager - sum(op["torch_us"] for op in ops) / 1e3, abs=2e-3)
     glue = row["outside_ms"]["tensortune_glue"]
     assert glue == pytest.approx(sum(op["glue_us"] for op in ops) / 1e3, abs=2e-3) and 0 < glue < row["tensortune_ms"]
-    monkeypatch.setenv("COLUMNS", "220")  # a line a row, both packed columns beside
+    monkeypatch.setenv("COLUMNS", "250")  # a line a row, both packed columns beside
     print_profile(row)  # the table `bench model --profile` prints without --json
     table = capsys.readouterr().out
     assert "dense M=4 N=32 K=16 bias=true epilogue=relu" in table and "MKL packed µs" in table
@@ -385,11 +385,13 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     assert said in table and f"eager {outside['eager']:.2f} ms of {outside['eager_forward']:.2f}" in table
     assert "glue µs" in table and f"of it {glue:.2f} ms the backend's Python work before each kernel" in table
     assert "as tuned µs" in table and all(f"{op['tuned_us']:.1f}" in table for op in ops)
-    # the kernel in the model over the kernel alone, the median of the rounds' ratios (both timed in each round)
-    assert "model / alone" in table
+    # the kernel in the model over the kernel alone, warm and as tuning times it (weights rotated, activations
+    # written again): the medians of the rounds' ratios (all timed in each round)
+    assert "model / alone" in table and "model / rotated" in table
     for op in ops:
-        assert 0.25 < op["in_model_vs_alone"] / (op["in_model_us"] / op["tensortune_us"]) < 4
-        assert f"{op['in_model_vs_alone']:.2f}" in table
+        for way, us in (("alone", "tensortune_us"), ("rotated", "rotated_us")):
+            assert op[us] > 0 and 0.25 < op[f"in_model_vs_{way}"] / (op["in_model_us"] / op[us]) < 4
+            assert f"{op[f'in_model_vs_{way}']:.2f}" in table and f"{op[us]:.1f}" in table
     # each op's operations at the FMA peak, timed in its rounds, and the fraction of it its kernel reaches
     for op in ops:
         assert op["peak_family"] == "fma" and 0 < op["peak_us"] < op["tensortune_us"] and 0 < op["peak_fraction"] < 1
