@@ -155,9 +155,10 @@ def eager_forward(eager: Callable[[], object]) -> float:
 def profile_tasks(tasks, forward: Callable[[], object], eager: Callable[[], object], in_model: dict, db: str | None,
                   target: str) -> list[dict]:
     """Per task: µs per call in the model (its kernel in `forward`s, and the backend's Python work before it, of
-    `in_model`) and alone, warm and as tuning times it ("rotated"), PyTorch's alone (and oneDNN's packed op's, for dense and conv2d; MKL's packed GEMM's, for a
-    float32 dense), the ms per forward pass tensortune loses alone against PyTorch (negative: wins), and the ms of
-    an `eager` forward timed in the op's rounds; the largest loss first."""
+    `in_model`) and alone, warm and as tuning times it ("rotated"), PyTorch's alone (and oneDNN's packed op's, for
+    dense and conv2d; MKL's packed GEMM's, for a float32 dense), the ms per forward pass tensortune loses alone
+    against PyTorch (negative: wins), and the ms of an `eager` forward timed in the op's rounds; the largest loss
+    first."""
     from frontend.shapes import Kernels
 
     target_ = Target.parse(target)
@@ -266,7 +267,8 @@ def print_profile(row: dict) -> None:
     table = Table(title=f"{row['model']}{at}: each tuned op per call, in the model and alone beside PyTorch's "
                         f"operators for it (same run), the largest loss per forward pass first", title_justify="left")
     for column in ("weight", "workload", "in model µs", "as tuned µs", "glue µs", "alone µs", "model / alone",
-                   "rotated µs", "model / rotated", "PyTorch µs", "speedup alone", "of peak", "loss ms/forward", *PACKED.values()):
+                   "rotated µs", "model / rotated", "PyTorch µs", "speedup alone", "of peak", "loss ms/forward",
+                   *PACKED.values()):
         table.add_column(column)
     for op in row["profile"]:
         in_model, tuned, glue, *packed = (f"{op[key]:.1f}" if op.get(key) is not None else "-" for key in (
