@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -17,6 +18,7 @@ from tests.test_kernels import TARGETS
 from tuner.cost_model import features
 from tuner.tune import tune
 from workers import build
+from workers.reference import torch_conv2d, torch_operands
 from workers.task import MeasureOptions
 
 RESNET_BLOCK = dict(N=1, C=64, H=56, W=56, K=64, R=3, S=3, stride=1, pad=1)
@@ -107,6 +109,14 @@ def test_the_nhwc_layout_is_the_nchw_convolution_with_channels_last(p, dtype):
     expected = last.reference(*inputs)
     np.testing.assert_array_equal(expected, first.reference(*transposed).transpose(0, 2, 3, 1))
     assert fallback_config(last, "llvm")["write"] == "channels"  # whole vectors of channels: its contiguous runs
+    # PyTorch, the reference timed beside it, is given them as a channels_last model holds them, the weight too
+    held = torch_operands(last, inputs)
+    assert all(held[name].is_contiguous(memory_format=torch.channels_last) and held[name].shape == want
+               for name, want in zip(("data", "weight"), (first.operand_shapes()[0][1], first.operand_shapes()[1][1])))
+    assert held["data"].data_ptr() == inputs[0].ctypes.data  # the activations' memory itself
+    if dtype != "int8":  # (PyTorch's float convolutions; its int8 one takes quantized tensors)
+        np.testing.assert_allclose(torch_conv2d(last.p, *held.values()).float().permute(0, 2, 3, 1).numpy(),
+                                   expected, rtol=0.05, atol=0.05)
     for target in TARGETS:
         for config in [fallback_config(last, target), *get_space(last, target).sample(3, 5)]:
             error = last.max_error(build(last, target, config)(*inputs), expected)
