@@ -38,6 +38,7 @@ from workers.reference import (alternating_samples, inference_call, int8_calls, 
 
 from workers.peak import family_peak_calls, peak_rate
 from workers.task import MeasureOptions, timed_call
+from workers.timing import time_samples
 
 # oneDNN's fused post-op (attribute, algorithm) for each epilogue
 ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}
@@ -140,18 +141,6 @@ def kernel_in_model(forward: Callable[[], object], key: str) -> float | None:
     return float(np.median(seconds[PREFIX + key])) if PREFIX + key in seconds else None
 
 
-def eager_forward(eager: Callable[[], object]) -> float:
-    """The median seconds of ROUND_FORWARDS forwards of the eager model after one untimed, as kernel_in_model times
-    the tensortune one's: eager's side of the time outside the tuned ops, in the minutes its operators are timed."""
-    eager()
-    seconds = []
-    for _ in range(ROUND_FORWARDS):
-        start = time.perf_counter()
-        eager()
-        seconds.append(time.perf_counter() - start)
-    return float(np.median(seconds))
-
-
 def profile_tasks(tasks, forward: Callable[[], object], eager: Callable[[], object], in_model: dict, db: str | None,
                   target: str) -> list[dict]:
     """Per task: µs per call in the model (its kernel in `forward`s, and the backend's Python work before it, of
@@ -178,7 +167,9 @@ def profile_tasks(tasks, forward: Callable[[], object], eager: Callable[[], obje
         key, model, rotated, eagers = task.workload.key, [], [], []
         samples = {way: [] for way, call in calls.items() if call is not None}
         for _ in range(ROUNDS):
-            eagers.append(eager_forward(eager))
+            # an eager forward beside the tensortune ones, as kernel_in_model times those: eager's side of the time
+            # outside the tuned ops, in the minutes its operators are timed
+            eagers.append(float(np.median(time_samples(eager, ROUND_FORWARDS, number=1))))
             model.append(kernel_in_model(forward, key))
             for way, values in alternating_samples({way: calls[way] for way in samples}, target_.threads, 1).items():
                 samples[way] += values
