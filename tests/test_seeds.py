@@ -70,6 +70,30 @@ def test_the_reduction_block_keeps_the_b_panel_in_l1():
     assert reduction_block(512, 4, (64, 128)) == 64  # none fits: the shortest
 
 
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_product_the_fallback_splits_across_m_is_seeded_split_across_n_too(dtype):
+    """Each block of M's rows reads all of B again: matmul 1024³ on 2 threads ran 1.00-1.79x faster split across N
+    (an Intel Xeon, five blocks), 2048×512×512 up to 1.12x faster across M. Where the fallback splits M (M ≥ N),
+    the first family's blocks come in both splits, those across M first; the others' across M only, the fallback's
+    way; at N > M, and on one thread, one split."""
+    two = Target.parse(str(zen4("avx512bf16")).replace("-threads=1", "-threads=2"))
+    square = matmul(1024, 1024, 1024, dtype=dtype)
+    assert fallback_config(square, two)["parallel"] == "m"
+    seeds, blocks = seed_configs(square, two), 4
+    first = seeds[:2 * blocks]
+    assert [seed["parallel"] for seed in first] == ["m"] * blocks + ["n"] * blocks
+    register_block = lambda config: (config["tile_m"][-1], config["tile_n"][-1], config["vec"], config["tile_k"])
+    assert [register_block(seed) for seed in first[:blocks]] == [register_block(seed) for seed in first[blocks:]]
+    for seed in first[blocks:]:  # across N: N's blocks split about evenly (48 columns do not divide 1024), M's whole
+        assert thread_balance(1024, seed["tile_n"][1] * seed["tile_n"][2], 2) > 0.96 and seed["tile_m"][1] == 8
+    assert all(seed["parallel"] == "m" for seed in seeds[2 * blocks:])
+    families = len(get_space(square, two).knobs["isa"].candidates) if dtype != "float32" else 1
+    assert len(seeds) == blocks * (families + 1)
+    assert {seed["parallel"] for seed in seed_configs(matmul(128, 768, 768, dtype=dtype), two)} == {"n"}
+    assert {seed["parallel"] for seed in seed_configs(square, zen4("avx512bf16"))} == {"none"}
+
+
 # per target and op: (rows, vectors) of the seeds at the widest vectors, then at half that width; where both leave a
 # tail of a convolution's output row (56), at the widest vectors also the best that do not, of 8 accumulators or more
 EXPECTED = {

@@ -239,7 +239,11 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
     fallback. A float32
     batch_matmul's seeds read B in place: its B is an activation, packed again at every call, and unpacked the
     seed blocks of BERT's attention products ran 9-18% faster on an Intel AVX-512 host (the fallback, measured
-    before them, packs it: the first batch has both). AMX's is the fallback's in 4 × 4 tiles."""
+    before them, packs it: the first batch has both). Where the fallback splits M across threads (M ≥ N), the first
+    family's blocks are seeded split across N as well: each block of M rows reads all of B again, which costs where
+    B outgrows L2 and not where it fits (an Intel Xeon, 2 threads, the same five blocks over M and over N: matmul
+    1024³ 1.00-1.79x faster over N, 512³ 0.97-1.04x, 2048×512×512 0.89-1.01x). AMX's is the fallback's in 4 × 4
+    tiles."""
     base = dict(fallback(workload, target, space_).values)
     if base.get("isa") in AMX:
         return [space_.nearest(balanced(base | {"tile_m": (-1, 1, 4 * TILE), "tile_n": (-1, 2, 4 * TILE)}, workload,
@@ -248,11 +252,13 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
         base["pack_b"] = False
     k_blocks = [s[1] for s in space_.knobs["tile_k"].candidates]
     itemsize = lambda family: ITEMSIZE[packed_dtype(family.get("isa"), gemm_operands(workload)[1].dtype)]
-    return [space_.nearest(balanced(base | family | {"vec": vec, "tile_m": (-1, BLOCK_TILES, mr),
+    axes = (base["parallel"], "n") if base["parallel"] == "m" else (base["parallel"],)
+    return [space_.nearest(balanced(base | family | {"parallel": axis, "vec": vec, "tile_m": (-1, BLOCK_TILES, mr),
                                                      "tile_n": (-1, BLOCK_TILES, nr),
                                                      "tile_k": (-1, reduction_block(nr, itemsize(family), k_blocks))},
                                     workload, target))
-            for family in seed_families(space_)
+            for index, family in enumerate(seed_families(space_))
+            for axis in (axes if index == 0 else axes[:1])
             for vec, mr, nr in seed_blocks(space_, "tile_m", "tile_n", MOST_VECTORS, target.vector_registers)]
 
 
