@@ -6,9 +6,9 @@ from isa_helpers import zen4
 from db import Database
 from db.matching import fit_config, on_vectors_of
 from search_space import Target, batch_matmul, conv2d, dense, fallback_config, get_space, matmul, seed_configs
-from search_space.templates.gemm import MR_CHOICES
+from search_space.templates.gemm import BLOCK_CHOICES, MR_CHOICES
 from search_space.templates.register_blocks import best_blocks, fills, reduction_block
-from search_space.thread_balance import thread_balance
+from search_space.thread_balance import balanced_block, thread_balance
 from tuner.tune import PROVEN, tune
 from workers import MeasureInput, build
 from workers.pool import make_pool
@@ -53,6 +53,9 @@ def test_a_parallel_axis_is_cut_into_blocks_that_the_threads_split_evenly():
     (of up to 8 register tiles); on 1 thread the blocks stay 8 register tiles."""
     assert (thread_balance(768, 256, 2), thread_balance(768, 512, 2), thread_balance(768, 128, 2)) == (0.75, 0.75, 1.0)
     assert thread_balance(100, 100, 4) == 0.25 and thread_balance(10, 4, 2) == 10 / 12
+    # each block reads the other operand again: 1024 rows in blocks of 48 (busy 0.970), not of 6 (0.992); 768
+    # columns of 64 in blocks of 128 (1.0), not of 256 (0.75)
+    assert balanced_block(1024, 6, 2, BLOCK_CHOICES, 8) == 8 and balanced_block(768, 64, 2, BLOCK_CHOICES, 8) == 2
     two = Target.parse(str(zen4()).replace("-threads=1", "-threads=2"))
     for workload in (dense(128, 768, 768), dense(128, 768, 3072), dense(128, 2304, 768), dense(128, 3072, 768)):
         for config in [fallback_config(workload, two)] + seed_configs(workload, two):
@@ -70,7 +73,6 @@ def test_the_reduction_block_keeps_the_b_panel_in_l1():
     assert reduction_block(512, 4, (64, 128)) == 64  # none fits: the shortest
 
 
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_product_the_fallback_splits_across_m_is_seeded_split_across_n_too(dtype):
     """Each block of M's rows reads all of B again: matmul 1024³ on 2 threads ran 1.00-1.79x faster split across N
@@ -86,7 +88,7 @@ def test_a_product_the_fallback_splits_across_m_is_seeded_split_across_n_too(dty
     register_block = lambda config: (config["tile_m"][-1], config["tile_n"][-1], config["vec"], config["tile_k"])
     assert [register_block(seed) for seed in first[:blocks]] == [register_block(seed) for seed in first[blocks:]]
     for seed in first[blocks:]:  # across N: N's blocks split about evenly (48 columns do not divide 1024), M's whole
-        assert thread_balance(1024, seed["tile_n"][1] * seed["tile_n"][2], 2) > 0.96 and seed["tile_m"][1] == 8
+        assert thread_balance(1024, seed["tile_n"][1] * seed["tile_n"][2], 2) > 0.94 and seed["tile_m"][1] == 8
     assert all(seed["parallel"] == "m" for seed in seeds[2 * blocks:])
     families = len(get_space(square, two).knobs["isa"].candidates) if dtype != "float32" else 1
     assert len(seeds) == blocks * (families + 1)
