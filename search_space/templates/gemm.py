@@ -199,8 +199,8 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace, isa: str |
     """The untuned default, in `isa`'s instruction family (else the last the space offers): an 8×(2 vectors) register
     block where it fits the register file (AVX-512's 32), else the block `best_blocks` ranks first there (AVX2's 16:
     4 × 3 vectors, where the nearest valid config to 8 × 2 is 8 × 1, eight broadcasts and one load per eight
-    multiply-adds), B packed, k-blocks of 256, the larger of M and N split across threads in blocks they share evenly
-    (`balanced`).
+    multiply-adds), B packed, k-blocks of 256, the larger of M and N split across threads in blocks they share
+    about evenly (`balanced`).
     AMX's is 2 × 2 tiles through the whole k (dense 128×768×3072 bfloat16, 1 thread, on an Intel AMX host: 802
     GFLOPS against 621 in k-blocks of 512), the row blocks of a panel (up to BLOCK_TILES) one after another, so that
     the next panel's shares are all fetched while it is read (BERT-base's dense shapes, weights rotated, an Intel
@@ -264,7 +264,8 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
 
 def balanced(want: dict, workload: Workload, target: Target) -> dict:
     """`want` with its parallel axis in blocks of up to BLOCK_TILES register tiles that the target's threads split
-    evenly (`thread_balance`): 8 × 32 columns of N = 768 are three blocks, one thread's two to the other's one."""
+    evenly, or within 5% of it (`balanced_block`): 8 × 32 columns of N = 768 are three blocks, one thread's two to
+    the other's one."""
     axis = {"m": "tile_m", "n": "tile_n"}.get(want["parallel"])
     if axis is None:
         return want
