@@ -75,8 +75,8 @@ def test_the_reduction_block_keeps_the_b_panel_in_l1():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_product_the_fallback_splits_across_m_is_seeded_split_across_n_too(dtype):
-    """Each block of M's rows reads all of B again: matmul 1024³ on 2 threads ran 1.00-1.79x faster split across N
-    (an Intel Xeon, five blocks), 2048×512×512 up to 1.12x faster across M. Where the fallback splits M (M ≥ N),
+    """Each block of M's rows reads all of B again: matmul 1024³ on 2 threads ran up to 1.08x faster split across N
+    (an Intel Xeon, the seed blocks), 2048×512×512 up to 1.15x faster across M. Where the fallback splits M (M ≥ N),
     the first family's blocks come in both splits, those across M first; the others' across M only, the fallback's
     way; at N > M, and on one thread, one split."""
     two = Target.parse(str(zen4("avx512bf16")).replace("-threads=1", "-threads=2"))

@@ -241,9 +241,8 @@ def seeds(workload: Workload, target: Target, space_: ConfigSpace) -> list[Confi
     seed blocks of BERT's attention products ran 9-18% faster on an Intel AVX-512 host (the fallback, measured
     before them, packs it: the first batch has both). Where the fallback splits M across threads (M ≥ N), the first
     family's blocks are seeded split across N as well: each block of M rows reads all of B again, which costs where
-    B outgrows L2 and not where it fits (an Intel Xeon, 2 threads, the same five blocks over M and over N: matmul
-    1024³ 1.00-1.79x faster over N, 512³ 0.97-1.04x, 2048×512×512 0.89-1.01x). AMX's is the fallback's in 4 × 4
-    tiles."""
+    B outgrows L2 and not where it fits (an Intel Xeon, 2 threads, the seed blocks over M and over N: matmul 1024³
+    0.94-1.08x as fast over N, 2048×512×512 0.87-1.00x). AMX's is the fallback's in 4 × 4 tiles."""
     base = dict(fallback(workload, target, space_).values)
     if base.get("isa") in AMX:
         return [space_.nearest(balanced(base | {"tile_m": (-1, 1, 4 * TILE), "tile_n": (-1, 2, 4 * TILE)}, workload,
