@@ -17,10 +17,10 @@ from db.migrate import alembic_config, current_revision, head_revision
 from db.models import JobRow, TargetRow, WorkloadRow
 from db.queue import JobBusy, JobQueue
 from db.records import target_values, workload_values
-from search_space import Target, batch_matmul, conv2d, dense, matmul
+from search_space import Target, batch_matmul, conv2d, dense, get_space, matmul
 from tuner.allocation import TaskHistory, batch_size, estimated_seconds, gains, model_latency, next_task
 from tuner.scheduler import TuningTask, family, tune_tasks
-from tuner.tune import JobFailed, JobSearch, TuneOptions
+from tuner.tune import JobFailed, JobSearch, TuneOptions, fitted_from
 from workers.pool import make_pool
 from workers.task import MeasureOptions
 
@@ -201,6 +201,26 @@ def test_a_tasks_tuner_is_built_at_its_first_step_from_the_shapes_measured_by_th
     assert search.tuner is None  # built at the first step, from what the database holds then
     search.step(pool, 4)
     assert search.tuner.model.base is not None and len(database.job_records(job)) == 4
+
+
+def test_each_task_measures_the_other_tasks_best_so_far_before_its_next_batch(tmp_path, pool):
+    """Borrowing at a job's start takes the stored bests of shapes with the same options found before it; a model's
+    tasks also hand each other the bests they find as they go, of another epilogue too (the FFN up projection's best
+    ran QKV's shape 6-8% faster than QKV's own on a Zen 3)."""
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    tasks = [dense(32, 64, 64, bias=True, epilogue="gelu_erf"), dense(32, 96, 64, bias=True)]
+    result = tune_tasks([TuningTask(w) for w in tasks], TARGET, 24, database, "random", pool, measure=FAST,
+                        strategy="round-robin")
+    records = [database.job_records(task.job_id) for task in result.tasks]
+    for here, there in ((0, 1), (1, 0)):
+        space, steps = get_space(tasks[here], TARGET), [records[here][i:i + 4] for i in range(0, 12, 4)]
+        assert len(space) > 1000 and len(steps[-1]) == 4
+        for step, later in enumerate(steps[1:], 1):
+            before = [r for r in records[there] if r.id < later[0].id and r.result.ok]
+            best = min(before, key=lambda r: r.result.median).input.config
+            fitted = fitted_from(space, tasks[here], TARGET, tasks[there], TARGET, best)
+            measured = {r.input.config.index for batch in steps[:step + 1] for r in batch}
+            assert fitted and fitted[0].index in measured, (here, step)
 
 
 class FailingPool:

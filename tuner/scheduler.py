@@ -19,13 +19,13 @@ from typing import Callable, Sequence
 from db import Database
 from db.job_locks import Claim
 from db.queue import JobQueue
-from search_space import Target, Workload, get_space
+from search_space import Config, Target, Workload, get_space
 from search_space.templates import template
 from workers.pool import Pool
 from workers.task import MeasureOptions
 
 from .allocation import STRATEGIES, TaskHistory, batch_size, model_latency, next_task
-from .tune import JobSearch, TuneOptions, TuneResult, ending_on_error, measuring
+from .tune import JobSearch, TuneOptions, TuneResult, ending_on_error, fitted_from, measuring
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,7 @@ def schedule(tasks: Sequence[TuningTask], searches: Sequence[JobSearch], pool: P
         if stop():
             return curve, True
         measured, asked = len(searches[chosen].result.measured), batch_size(known, options.batch, left)
+        searches[chosen].offer(siblings_bests(searches[chosen], searches))
         searches[chosen].step(pool, measured + asked)
         if len(searches[chosen].result.measured) < measured + asked:
             exhausted.add(chosen)
@@ -167,6 +168,21 @@ def schedule(tasks: Sequence[TuningTask], searches: Sequence[JobSearch], pool: P
         curve.append(now.latency)
         on_progress(now)
     return curve, False
+
+
+def siblings_bests(search: JobSearch, searches: Sequence[JobSearch]) -> list[Config]:
+    """The best config so far of each other task of the same op and dtype, fitted into `search`'s space: what a
+    task measures next, where it has not. Borrowing at a job's start takes only the stored bests of shapes with the
+    same options, and only those found before it: in a bert-layer tuned on a Zen 3 (300 trials, 2 threads) the FFN
+    up projection's best (its GELU epilogue another option) was never measured by QKV's or the 768² dense's tasks,
+    and timed in alternating rounds it ran 6-8% faster on their shapes than their own bests."""
+    space, here = get_space(search.workload, search.target), search.workload
+    found = []
+    for other in searches:
+        best, there = other.result.best, other.workload
+        if other is not search and best is not None and (there.op, there.dtype) == (here.op, here.dtype):
+            found += fitted_from(space, here, search.target, there, search.target, best[0].config)
+    return found
 
 
 def histories(tasks: Sequence[TuningTask], searches: Sequence[JobSearch], exhausted: set[int]) -> list[TaskHistory]:

@@ -121,15 +121,22 @@ def fitted_bests(database: Database, workload: Workload, space: ConfigSpace, tar
     shape laid out otherwise's relaid), each once, in order; the first `limit` of them."""
     found: dict[int, Config] = {}
     for shape, stored in shapes:
-        splits = getattr(template(shape, target), "VECTOR_SPLITS", ())
-        vectors = None if str(stored) == str(target) else (stored, target, splits)
-        relaid = lambda knobs, shape=shape: relaid_knobs(knobs, shape, workload, target)
         for best in database.best(shape, stored):
-            for fitted in fitted_ways(space, best.input.config, stored, target, vectors, relaid):
+            for fitted in fitted_from(space, workload, target, shape, stored, best.input.config):
                 found.setdefault(fitted.index, fitted)
         if limit is not None and len(found) >= limit:
             break
     return list(found.values())[:limit]
+
+
+def fitted_from(space: ConfigSpace, workload: Workload, target: Target, shape: Workload, stored: Target,
+                config: Config) -> list[Config]:
+    """A config of `shape` measured on `stored`, in the workload's `space` on `target`: its vectors scaled to this
+    target's, a 1-thread one in each parallel way, a shape laid out otherwise's relaid (db.matching.fitted_ways)."""
+    splits = getattr(template(shape, target), "VECTOR_SPLITS", ())
+    vectors = None if str(stored) == str(target) else (stored, target, splits)
+    relaid = lambda knobs: relaid_knobs(knobs, shape, workload, target)  # noqa: E731
+    return fitted_ways(space, config, stored, target, vectors, relaid)
 
 
 def borrowed_configs(database: Database, workload: Workload, target: Target, space: ConfigSpace) -> list[Config]:
@@ -152,11 +159,17 @@ def transplanted_configs(database: Database, workload: Workload, target: Target,
 
 
 class Borrowing:
-    """A tuner whose proposals start with `first` (each once, those it has not seen), then go on as its own."""
+    """A tuner whose proposals start with `first` and those `offer`ed since (each once, those it has not seen),
+    then go on as its own."""
 
     def __init__(self, tuner: Tuner, first: Sequence[Config]):
-        unseen = {config.index: config for config in first if config.index not in tuner.visited}
-        self.tuner, self.first = tuner, list(unseen.values())
+        self.tuner, self.first = tuner, []
+        self.offer(first)
+
+    def offer(self, configs: Sequence[Config]) -> None:
+        """Propose `configs` after those queued already, each that is neither measured nor queued."""
+        queued = {config.index for config in self.first} | self.tuner.visited
+        self.first += [config for config in {c.index: c for c in configs}.values() if config.index not in queued]
 
     def propose(self, n: int) -> list[Config]:
         taken, self.first = self.first[:n], self.first[n:]
@@ -335,6 +348,11 @@ class JobSearch:
         """Whether a shape this job borrows from has been searched (PROVEN measurements on the target)."""
         nearest = self.database.nearest_shapes(self.workload, self.target)[:BORROWED]
         return any(self.database.count(shape, self.target) >= PROVEN for shape in nearest)
+
+    def offer(self, configs: Sequence[Config]) -> None:
+        """Measure `configs` (of this job's space) next, those it has not measured: the other tasks' bests."""
+        with timed(self.result.seconds, "tuner"):
+            self._built_search().offer(configs)
 
     def _record(self, measure_input: MeasureInput, measured: MeasureResult) -> None:
         self.database.record(measure_input, measured, self.result.job_id)
