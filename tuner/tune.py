@@ -350,7 +350,8 @@ class JobSearch:
         return any(self.database.count(shape, self.target) >= PROVEN for shape in nearest)
 
     def offer(self, configs: Sequence[Config]) -> None:
-        """Measure `configs` (of this job's space) next, those it has not measured: the other tasks' bests."""
+        """Measure `configs` (of this job's space: the other tasks' bests) ahead of the tuner's own proposals, each
+        that the job has not measured."""
         with timed(self.result.seconds, "tuner"):
             self._built_search().offer(configs)
 
