@@ -31,4 +31,5 @@ def balanced_block(extent: int, register: int, threads: int, choices: Iterable[i
     (busy 0.970) at 283 (an Intel Xeon, 6 × 4 vectors); fewer, larger blocks also share the packed operand's cache
     lines."""
     busy = {c: thread_balance(extent, c * register, threads) for c in choices if c <= most}
-    return max(c for c, share in busy.items() if share >= max(busy.values()) - SLACK)
+    enough = max(busy.values()) - SLACK
+    return max(c for c, share in busy.items() if share >= enough)
