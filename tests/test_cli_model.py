@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from bench.allocator import allocator
-from bench.profile import FORWARDS, mkl_packed, onednn_packed, print_profile, torch_op
+from bench.profile import FORWARDS, against_pytorch, mkl_packed, onednn_packed, print_profile, torch_op
 from db import Database
 from search_space import Workload, batch_matmul, conv2d, dense, host_target, matmul
 from service.cli import app
@@ -339,6 +339,14 @@ def test_bench_model_times_every_way_at_every_length(tmp_path):
     assert f"allocator: {allocator()}" in timed.stderr
 
 
+def test_the_profile_sets_the_kernel_against_pytorch_within_each_round():
+    """A slow phase over the kernel's sample in one round and over both ways in another: each way's median would
+    have the kernel lose; the rounds' pairs have it win by 1.2 ms a call, 1.4x."""
+    samples = {"tensortune": [3.0e-3, 5.5e-3, 6.0e-3], "torch": [4.2e-3, 4.3e-3, 8.4e-3]}
+    assert np.median(samples["tensortune"]) > np.median(samples["torch"])
+    assert against_pytorch(samples, weight=2) == {"loss_ms": -2.4, "speedup_alone": 1.4}
+
+
 def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_outside(tmp_path, monkeypatch, capsys):
     """Tiny's two tasks, each per call in the model (with the backend's work before it) and alone beside PyTorch's
     and oneDNN's, sorted by loss; what they leave of each way's model time is outside them, the backend's work part
@@ -360,6 +368,7 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     for op in ops:
         assert op["weight"] == 1 and min(op["in_model_us"], op["glue_us"], op["tensortune_us"], op["torch_us"]) > 0
         assert op["loss_ms"] == pytest.approx((op["tensortune_us"] - op["torch_us"]) / 1e3, abs=2e-3)
+        assert op["speedup_alone"] > 0
         assert op["onednn_us"] > 0  # dense beside oneDNN's packed linear too, as max-autotune runs it
         best = Database(db).best(Workload.from_key(op["workload"]), target)[0]  # and beside what tuning measured
         assert op["tuned_us"] == round(best.result.median * 1e6, 1) > 0
