@@ -194,8 +194,8 @@ def against_pytorch(samples: dict[str, list[float]], weight: int) -> dict:
     """The ms per forward pass tensortune's kernel alone loses against PyTorch's operators (negative: wins) and
     PyTorch's time over the kernel's, each the median over the rounds of that round's pair: with one sample a way a
     round, a slow phase of the host that spans one way of a round and both of another made the medians of each way's
-    samples put bert-layer's FFN up projection (2750 µs as tuned, 3000 in the model, PyTorch's 4234) at 0.76x
-    PyTorch and 1.3 ms a forward behind it (a Zen 4)."""
+    samples put bert-layer's FFN up projection at 0.76x PyTorch and 1.3 ms a forward behind it, where three more
+    runs had it 1.39-1.92x PyTorch (a Zen 4, whose slow phases halve whatever runs for a few seconds)."""
     kernel, torch = (np.array(samples[way]) for way in ("tensortune", "torch"))
     return {"loss_ms": round(float(np.median(kernel - torch)) * weight * 1e3, 3),
             "speedup_alone": median_ratio(samples, "torch", "tensortune")[0]}
