@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from db import Database, apply_history_best, export_log, import_log
 from search_space import Target, Workload, WorkloadError, conv2d, fallback_config, get_space, lower
+from search_space.program import Call, If, Loop, walk
 from service.api import create_app
 from service.cli import app
 from tests.test_kernels import TARGETS
@@ -162,6 +163,43 @@ def test_threads_that_split_rows_or_channels_pack_the_datas_rows_between_them(ax
     assert [loop.var for loop in pack.body if loop.kind == "parallel"] == shared
     inputs = workload.random_inputs()
     assert workload.max_error(build(workload, target, config)(*inputs), workload.reference(*inputs)) <= 1
+
+
+def tap_rows(call: Call) -> int:
+    """How many of the taps' rows a micro-kernel sums over: its `r` loop's extent, 0 where it has none."""
+    return next((stmt.extent for stmt, *_ in walk(call.body) if isinstance(stmt, Loop) and stmt.var == "r"), 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("axis", ["k", "h", "n", "none"])
+def test_rows_whose_taps_reach_into_the_padding_sum_over_the_image_rows_only(axis, dtype):
+    """A 7×7 image's 3×3 taps: the top output row's read the padding row above it, the bottom row's the one below;
+    their micro-kernels sum over 2 of the taps' rows, the others' over 3; under a serial loop over the rows the first
+    row computed is a whole one, the top one last (its weights stream from memory unbroken). int8's padding is the
+    zero point, summed and taken off: it sums every tap. Every way computes the reference."""
+    workload = Workload.make("conv2d", dtype=dtype, N=2, C=8, H=7, W=7, K=16, R=3, S=3, stride=1, pad=1, bias=True)
+    target = Target.parse("llvm -threads=2")
+    config = get_space(workload, target).nearest(dict(fallback_config(workload, target).values) | {"parallel": axis})
+    compute = next(stage for stage in lower(workload, target, config).stages if stage.name == "compute")
+    edges = [stmt for stmt, *_ in walk(compute.body) if isinstance(stmt, If) and stmt.op == "=="]
+    whole = {tap_rows(stmt) for stmt, *_ in walk(compute.body) if isinstance(stmt, Call)} - {2}
+    if dtype == "int8":
+        assert not edges and whole == {3}
+    else:
+        assert whole == {3} and {(edge.rhs, tap_rows(edge.then[0])) for edge in edges} == {(0, 2), (6, 2)}
+        first = edges[0].lhs  # the row the first block computed is at
+        assert (first.const, first.names) == ((0, ("oh",)) if axis == "h" else (1, ("oh",)))
+    inputs = workload.random_inputs()
+    assert workload.max_error(build(workload, target, config)(*inputs), workload.reference(*inputs)) <= 1
+
+
+def test_a_row_all_of_whose_taps_read_padding_is_its_bias():
+    """pad 2 around a 1-row image with 1-row taps: the output's top and bottom rows read nothing but padding."""
+    workload = conv2d(1, 4, 1, 5, 8, 1, 3, 1, 2, bias=True)
+    inputs = workload.random_inputs()
+    out = build(workload, "llvm", fallback_config(workload, "llvm"))(*inputs)
+    assert out.shape[2] == 5 and np.array_equal(out[0, :, 0, 0], inputs[2]) and np.array_equal(out[0, :, 4, 4], inputs[2])
+    assert workload.max_error(out, workload.reference(*inputs)) <= 1
 
 
 def test_conv2d_tunes_into_the_database_and_is_applied(tmp_path):
