@@ -6,8 +6,10 @@ positions of one row, kb output channels as kb/vec vectors) in registers over th
 (C/cb, R, S in a tunable order, then cb), so per input channel it does kb/vec vector loads of
 weights, owr broadcasts of data and owr·kb/vec vector FMAs: GEMM's micro-kernel with the output
 width as rows and the output channels as columns. Bias, residual and the epilogue are applied as
-the block is written to the output. At the rows whose taps reach into the padding above or below the image, the
-micro-kernel sums over the taps' rows that read the image only. The activations (data, residual, output) lie NCHW, or NHWC where the
+the block is written to the output. Where taps reach into the padding around the image, the micro-kernel sums over
+the taps that read the image only: at the edge rows over the taps' rows inside it, at the edge blocks of a row over
+each of the taps' columns for the positions inside it (a micro-kernel for each kind of edge, chosen per row and
+block). The activations (data, residual, output) lie NCHW, or NHWC where the
 workload's layout is nhwc (PyTorch's channels_last): the pack then copies runs of adjacent channels, and the
 `channels` write-back stores whole vectors of them.
 
@@ -34,7 +36,7 @@ from .gemm_operands import input_buffers
 from .register_blocks import fills, seed_blocks, seed_families
 
 VERSION = 3  # bumped whenever a change alters the code generated for some config, or what a config means (2: the
-# data packed a row at a time, by every thread where threads split output rows or channels; 3: the taps' rows in the
+# data packed a row at a time, by every thread where threads split output rows or channels; 3: the taps that read
 # padding skipped)
 # bfloat16 two ahead: it gained the `isa` knob and grouped layouts at float32's 1, then the `fma-f32` family; int8
 # skips no padding (its padding is the zero point): its code is 2's
@@ -43,6 +45,7 @@ DTYPES = ("float32", "bfloat16", "int8")
 VECTOR_SPLITS = ("tile_k",)  # splits whose register tile is counted in vectors: scaled with `vec` to another CPU
 OWR_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 28)
 KB_VECTORS = (1, 2, 3, 4)
+EDGE_SHARE = 0.04  # the share of the taps' reads along rows (columns) in the padding from which they are skipped
 
 
 def _channel_blocks(c: int, group: int) -> tuple[int, ...]:
@@ -295,57 +298,104 @@ class _Conv2d:
         the taps' rows that read the image only (a micro-kernel of its own, chosen per row)."""
         (n, _), (k0, kw), (oh, _), (ow0, owr) = chunks["n"], chunks["k"], chunks["h"], chunks["w"]
         args = (("n0", n), ("k0", k0), ("kblock", k0.exact_div(self.kb)), ("oh0", oh), ("ow0", ow0))
-        summed = lambda taps: [Call("micro_kernel", args, tuple(self.block_sum(kw, owr, taps)))]
-        body = summed(range(self.p["R"]))
+        summed = lambda taps, columns=None: [Call("micro_kernel", args + (("r0", Affine.of(taps.start)),),
+                                                  tuple(self.block_sum(kw, owr, len(taps), columns)))]
+
+        def by_block(taps: range) -> list:
+            body = summed(taps)
+            for start, columns in reversed(self.edge_columns(ow0, owr).items()):
+                body = [If(ow0, "==", start, tuple(summed(taps, columns)), tuple(body))]
+            return body
+
+        body = by_block(range(self.p["R"]))
         for row, taps in reversed(edges.items()):
-            body = [If(oh, "==", row, tuple(summed(taps)), tuple(body))]
+            body = [If(oh, "==", row, tuple(by_block(taps)), tuple(body))]
         return body
 
     def edge_rows(self) -> dict[int, range]:
-        """The output rows some of whose taps' rows lie in the padding, each with the taps' rows that read the image:
-        a padding row's products add nothing (oneDNN skips them too: a 7×7 image's 3×3 taps read 2 padding rows in
-        21, and its 512-channel convolution ran faster than the FMA peak counts them). int8's padding, the zero
-        point, is summed like the data and taken off with the weights' sums as the block is written: none."""
-        if self.quantized:
+        """The output rows some of whose taps' rows lie in the padding, each with the taps' rows that read the image
+        (none where `skips` says not to)."""
+        image = -(-self.p["H"] // self.skip)
+        if not self.skips(self.oh, self.p["R"], image):
             return {}
-        image_rows = -(-self.p["H"] // self.skip)
-        taps = lambda oh: range(max(0, self.pad - oh * self.stride),
-                                min(self.p["R"], self.pad + image_rows - oh * self.stride))
-        return {oh: taps(oh) for oh in range(self.oh) if taps(oh) != range(self.p["R"])}
+        return {oh: taps for oh in range(self.oh) if (taps := self.inside(oh, self.p["R"], image)) != range(self.p["R"])}
 
-    def block_sum(self, kw: int, owr: int, taps: range) -> list:
-        """The block's accumulators zeroed, summed over the channels and the taps' rows `taps` (of all columns),
-        then written."""
+    def edge_columns(self, ow0: Affine, owr: int) -> dict[int, tuple[range, ...]]:
+        """The blocks at `ow0` (a constant, or the full blocks of a loop) some of whose positions read padding left
+        or right of the image at some of the taps' columns, each with the positions that read the image at each
+        column (none where `skips` says not to)."""
+        image, columns = -(-self.p["W"] // self.skip), self.p["S"]
+        if not self.skips(self.ow, columns, image):
+            return {}
+        starts = range(0, self.ow // owr * owr, owr) if ow0.terms else (ow0.const,)
+        inside = lambda start, s: [w for w in range(owr) if s in self.inside(start + w, columns, image)]
+        spans = lambda start: tuple(range(ws[0], ws[-1] + 1) if (ws := inside(start, s)) else range(0)
+                                    for s in range(columns))
+        return {start: spans(start) for start in starts if spans(start) != (range(owr),) * columns}
+
+    def inside(self, out: int, taps: int, image: int) -> range:
+        """The taps (along rows or columns) by which output position `out` there reads the image, not the padding."""
+        first = self.pad - out * self.stride
+        return range(max(0, first), min(taps, first + image))
+
+    def skips(self, outputs: int, taps: int, image: int) -> bool:
+        """Whether the taps that read padding along rows (columns) are skipped: where they are EDGE_SHARE of the
+        taps' reads there at least. A padding row's products add nothing (oneDNN skips them too: a 7×7 image's 3×3
+        taps read 2 padding rows in 21, and its 512-channel convolution ran faster than the FMA peak counts them),
+        but each kind of edge is a micro-kernel more to compile: on a Zen 4, 175 ms a config of 512-channel 3×3
+        over 7×7 with none, 743 with the rows' and the columns' (ResNet-18's tuning 2.8x as long with every
+        convolution's), where a 56×56 image's edges save 2.5% of its time. int8's padding, the zero point, is summed
+        like the data and taken off with the weights' sums as the block is written: never."""
+        reads = sum(len(self.inside(out, taps, image)) for out in range(outputs))
+        return not self.quantized and reads <= (1 - EDGE_SHARE) * outputs * taps
+
+    def block_sum(self, kw: int, owr: int, taps: int, columns: tuple[range, ...] | None = None) -> list:
+        """The block's accumulators zeroed, summed over the channels and `taps` of the taps' rows from r0 (an
+        argument: the top and bottom rows' micro-kernels are one), then written. With
+        `columns` (the block's positions that read the image at each of the taps' columns), the taps' columns are
+        unrolled and each sums those positions only; else every position at every column, in a loop."""
         n, kblock, oh, ow0 = var("n0"), var("kblock"), var("oh0"), var("ow0")
         p = self.p
 
-        def block(body):
-            columns = lambda w: tiled("v", kw, self.vec, 0, lambda c0, width: [
+        def block(body, positions: range = range(owr)):
+            vectors = lambda w: tiled("v", kw, self.vec, 0, lambda c0, width: [
                 Loop("l", width, "vectorized", tuple(body(w, c0 + var("l"))))], "unrolled")
-            return [Loop("w", owr, "unrolled", tuple(columns(var("w"))))]
+            return [Loop("w", len(positions), "unrolled", tuple(vectors(var("w") + positions.start)))] if positions else []
 
-        r = var("r") + taps.start
-        y, x = oh * self.stride + r, (ow0 + var("w")) * self.stride + var("s")
-        data = lambda ci: self.dp[n, var("co"), y, x, ci]
-        weights = lambda *index: self.wk[(kblock, var("co"), r, var("s")) + index]
+        r = var("r") + var("r0")
 
-        def fma_step(ci):
-            return block(lambda w, c: [self.acc.store((w, c), Op("fma", (data(ci), weights(ci, c), self.acc[w, c])))])
+        def channels(s: Affine, positions: range) -> list:
+            """The reduction over the channels at the taps' column s, for the block's `positions`."""
+            data = lambda ci, w: self.dp[n, var("co"), oh * self.stride + r, (ow0 + w) * self.stride + s, ci]
+            weights = lambda *index: self.wk[(kblock, var("co"), r, s) + index]
 
-        def group_step(q):
-            terms = lambda c: tuple(t for j in range(self.group) for t in (data(q * self.group + j), weights(q, c, j)))
-            return block(lambda w, c: [self.acc.store((w, c), Op(DOTS[self.isa], terms(c) + (self.acc[w, c],)))])
+            def fma_step(ci):
+                return block(lambda w, c: [self.acc.store((w, c), Op("fma", (data(ci, w), weights(ci, c),
+                                                                             self.acc[w, c])))], positions)
 
-        step, steps = (fma_step, self.cb) if self.group == 1 else (group_step, self.cbp // self.group)
-        channels = tiled("ci", steps, self.unroll, 0,
-                         lambda c0, u: [Loop("cu", u, "unrolled", tuple(step(c0 + var("cu"))))])
-        extent = {"co": p["C"] // self.cb, "r": len(taps), "s": p["S"]}
-        reduction = tuple(channels)
-        for name in reversed(self.config["reduce_order"]):
-            reduction = (Loop(name, extent[name], "serial", reduction),) if taps else ()  # a row of padding: none
+            def group_step(q):
+                terms = lambda w, c: tuple(t for j in range(self.group)
+                                           for t in (data(q * self.group + j, w), weights(q, c, j)))
+                return block(lambda w, c: [self.acc.store((w, c), Op(DOTS[self.isa], terms(w, c) + (self.acc[w, c],)))],
+                             positions)
+
+            step, steps = (fma_step, self.cb) if self.group == 1 else (group_step, self.cbp // self.group)
+            return tiled("ci", steps, self.unroll, 0, lambda c0, u: [Loop("cu", u, "unrolled", tuple(step(c0 + var("cu"))))])
+
+        extent = {"co": p["C"] // self.cb, "r": taps, "s": p["S"]}
+
+        def reduction(names: list[str], s: Affine) -> list:
+            if not names:
+                return channels(s, columns[s.const] if columns else range(owr))
+            if names[0] == "s" and columns:
+                return [stmt for column in range(p["S"]) for stmt in reduction(names[1:], Affine.of(column))]
+            body = reduction(names[1:], s)
+            return [Loop(names[0], extent[names[0]], "serial", tuple(body))] if body else []
+
         zero = block(lambda w, c: [self.acc.store((w, c), self.zero)])
-        return zero + list(reduction) + (block(self.write) if self.config["write"] == "channels" else
-                                           self._rows(owr, kw, self.write))
+        summed = reduction(list(self.config["reduce_order"]), var("s")) if taps else []  # a row of padding: none
+        return zero + summed + (block(self.write) if self.config["write"] == "channels" else
+                                self._rows(owr, kw, self.write))
 
     def _rows(self, owr: int, kw: int, body) -> list:
         """The block by output channel, each channel's owr positions a vector: stores run along the output
