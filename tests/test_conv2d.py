@@ -212,7 +212,8 @@ def test_a_row_all_of_whose_taps_read_padding_is_its_bias():
     workload = conv2d(1, 4, 1, 5, 8, 1, 3, 1, 2, bias=True)
     inputs = workload.random_inputs()
     out = build(workload, "llvm", fallback_config(workload, "llvm"))(*inputs)
-    assert out.shape[2] == 5 and np.array_equal(out[0, :, 0, 0], inputs[2]) and np.array_equal(out[0, :, 4, 4], inputs[2])
+    bias = inputs[2]
+    assert out.shape[2] == 5 and np.array_equal(out[0, :, 0, 0], bias) and np.array_equal(out[0, :, 4, 4], bias)
     assert workload.max_error(out, workload.reference(*inputs)) <= 1
 
 

@@ -294,8 +294,9 @@ class _Conv2d:
         return nest(levels, {axis: (Affine(), extent) for axis, extent in extents.items()})
 
     def micro_kernel(self, chunks, edges: dict[int, range]):
-        """An owr × kb block of one output row, summed over C·R·S in registers, then written; at an edge row, over
-        the taps' rows that read the image only (a micro-kernel of its own, chosen per row)."""
+        """An owr × kb block of one output row, summed over C·R·S in registers, then written; at an edge row over
+        the taps' rows that read the image only, at an edge block over the taps' columns each position reads the
+        image at (a micro-kernel for each kind of edge, chosen per row and block)."""
         (n, _), (k0, kw), (oh, _), (ow0, owr) = chunks["n"], chunks["k"], chunks["h"], chunks["w"]
         args = (("n0", n), ("k0", k0), ("kblock", k0.exact_div(self.kb)), ("oh0", oh), ("ow0", ow0))
         summed = lambda taps, columns=None: [Call("micro_kernel", args + (("r0", Affine.of(taps.start)),),
@@ -318,7 +319,8 @@ class _Conv2d:
         image = -(-self.p["H"] // self.skip)
         if not self.skips(self.oh, self.p["R"], image):
             return {}
-        return {oh: taps for oh in range(self.oh) if (taps := self.inside(oh, self.p["R"], image)) != range(self.p["R"])}
+        whole = range(self.p["R"])
+        return {oh: taps for oh in range(self.oh) if (taps := self.inside(oh, self.p["R"], image)) != whole}
 
     def edge_columns(self, ow0: Affine, owr: int) -> dict[int, tuple[range, ...]]:
         """The blocks at `ow0` (a constant, or the full blocks of a loop) some of whose positions read padding left
@@ -340,7 +342,7 @@ class _Conv2d:
 
     def skips(self, outputs: int, taps: int, image: int) -> bool:
         """Whether the taps that read padding along rows (columns) are skipped: where they are EDGE_SHARE of the
-        taps' reads there at least. A padding row's products add nothing (oneDNN skips them too: a 7×7 image's 3×3
+        taps' reads there at least. A padding tap's products add nothing (oneDNN skips them too: a 7×7 image's 3×3
         taps read 2 padding rows in 21, and its 512-channel convolution ran faster than the FMA peak counts them),
         but each kind of edge is a micro-kernel more to compile: on a Zen 4, 175 ms a config of 512-channel 3×3
         over 7×7 with none, 743 with the rows' and the columns' (ResNet-18's tuning 2.8x as long with every
@@ -360,7 +362,9 @@ class _Conv2d:
         def block(body, positions: range = range(owr)):
             vectors = lambda w: tiled("v", kw, self.vec, 0, lambda c0, width: [
                 Loop("l", width, "vectorized", tuple(body(w, c0 + var("l"))))], "unrolled")
-            return [Loop("w", len(positions), "unrolled", tuple(vectors(var("w") + positions.start)))] if positions else []
+            if not positions:
+                return []
+            return [Loop("w", len(positions), "unrolled", tuple(vectors(var("w") + positions.start)))]
 
         r = var("r") + var("r0")
 
@@ -380,7 +384,8 @@ class _Conv2d:
                              positions)
 
             step, steps = (fma_step, self.cb) if self.group == 1 else (group_step, self.cbp // self.group)
-            return tiled("ci", steps, self.unroll, 0, lambda c0, u: [Loop("cu", u, "unrolled", tuple(step(c0 + var("cu"))))])
+            return tiled("ci", steps, self.unroll, 0,
+                         lambda c0, u: [Loop("cu", u, "unrolled", tuple(step(c0 + var("cu"))))])
 
         extent = {"co": p["C"] // self.cb, "r": taps, "s": p["S"]}
 
