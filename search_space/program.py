@@ -278,14 +278,22 @@ def tiled(name: str, extent: int, tile: int, base: AffineLike,
     return stmts
 
 
-def tile_nest(levels, chunks: dict, leaf: Callable[[dict], list[Stmt]]) -> list[Stmt]:
+def tile_nest(levels, chunks: dict, leaf: Callable[[dict], list[Stmt]], first: dict[str, int] | None = None
+              ) -> list[Stmt]:
     """Nested `tiled` loops: each level (name, axis, tile, kind), outermost first, tiles the chunk
-    (offset, extent) of its axis that the levels above left; `leaf(chunks)` builds the innermost body."""
+    (offset, extent) of its axis that the levels above left; `leaf(chunks)` builds the innermost body. A serial
+    level over an axis of `first` starts that many elements in (a multiple of its tile) and runs the ones before
+    them last (a convolution's edge rows, which would break its weights' stream, after its whole ones)."""
     if not levels:
         return leaf(chunks)
     (name, axis, size, kind), rest = levels[0], levels[1:]
     offset, extent = chunks[axis]
-    return tiled(name, extent, size, offset, lambda o, e: tile_nest(rest, chunks | {axis: (o, e)}, leaf), kind)
+    inner = lambda o, e: tile_nest(rest, chunks | {axis: (o, e)}, leaf, first)
+    start = (first or {}).get(axis, 0) if kind == "serial" else 0
+    if start:
+        return (tiled(name, extent - start, size, offset + start, inner)
+                + tiled(name + "_rest", start, size, offset, inner))
+    return tiled(name, extent, size, offset, inner, kind)
 
 
 @node

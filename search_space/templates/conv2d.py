@@ -279,19 +279,8 @@ class _Conv2d:
         levels = [(name, axis_of[name], tile[name], "parallel" if name == top else "serial") for name in outer]
         edges = self.edge_rows()
         first = next(row for row in range(self.oh + 1) if row not in edges) % self.oh  # 0 where every row is an edge
-
-        def nest(levels, chunks):
-            if not levels:
-                return self.micro_kernel(chunks, edges)
-            (name, axis, size, kind), rest = levels[0], levels[1:]
-            offset, extent = chunks[axis]
-            inner = lambda o, e: nest(rest, chunks | {axis: (o, e)})
-            if axis == "h" and kind == "serial" and first:
-                return (tiled(name, extent - first, size, offset + first, inner)
-                        + tiled(name + "_top", first, size, offset, inner))
-            return tiled(name, extent, size, offset, inner, kind)
-
-        return nest(levels, {axis: (Affine(), extent) for axis, extent in extents.items()})
+        return tile_nest(levels, {axis: (Affine(), extent) for axis, extent in extents.items()},
+                         lambda chunks: self.micro_kernel(chunks, edges), {"h": first})
 
     def micro_kernel(self, chunks, edges: dict[int, range]):
         """An owr × kb block of one output row, summed over C·R·S in registers, then written; at an edge row over
@@ -302,9 +291,11 @@ class _Conv2d:
         summed = lambda taps, columns=None: [Call("micro_kernel", args + (("r0", Affine.of(taps.start)),),
                                                   tuple(self.block_sum(kw, owr, len(taps), columns)))]
 
+        blocks = self.edge_columns(ow0, owr)
+
         def by_block(taps: range) -> list:
             body = summed(taps)
-            for start, columns in reversed(self.edge_columns(ow0, owr).items()):
+            for start, columns in reversed(blocks.items()):
                 body = [If(ow0, "==", start, tuple(summed(taps, columns)), tuple(body))]
             return body
 
