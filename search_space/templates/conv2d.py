@@ -324,7 +324,7 @@ class _Conv2d:
         inside = lambda start, s: [w for w in range(owr) if s in self.inside(start + w, columns, image)]
         spans = lambda start: tuple(range(ws[0], ws[-1] + 1) if (ws := inside(start, s)) else range(0)
                                     for s in range(columns))
-        return {start: spans(start) for start in starts if spans(start) != (range(owr),) * columns}
+        return {start: edge for start in starts if (edge := spans(start)) != (range(owr),) * columns}
 
     def inside(self, out: int, taps: int, image: int) -> range:
         """The taps (along rows or columns) by which output position `out` there reads the image, not the padding."""
