@@ -23,6 +23,7 @@ sums exactly in int32 and dequantizes as it writes, as dense does.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 from ..program import ITEMSIZE, Affine, Buffer, Call, Const, If, Loop, Op, Program, Stage, tile_nest, tiled, var
@@ -167,6 +168,8 @@ class _Conv2d:
                          packed_dtype(self.isa, self.weight.dtype))
         self.acc = Buffer("acc", (self.owr, self.kb), "register", "int32" if self.quantized else "float32")
         self.row_sums = Buffer("Wsum", (p["K"],), "packed", "int32")  # int8: the weights' sums, negated
+        # built once per kind: the top and bottom rows and each edge block's rows call the same few micro-kernels
+        self.block_sum = functools.cache(self.block_sum)
 
     def program(self) -> Program:
         p, buffers = self.p, list(self.inputs.values()) + [self.out, self.dp, self.wk, self.acc]
@@ -289,7 +292,7 @@ class _Conv2d:
         (n, _), (k0, kw), (oh, _), (ow0, owr) = chunks["n"], chunks["k"], chunks["h"], chunks["w"]
         args = (("n0", n), ("k0", k0), ("kblock", k0.exact_div(self.kb)), ("oh0", oh), ("ow0", ow0))
         summed = lambda taps, columns=None: [Call("micro_kernel", args + (("r0", Affine.of(taps.start)),),
-                                                  tuple(self.block_sum(kw, owr, len(taps), columns)))]
+                                                  self.block_sum(kw, owr, len(taps), columns))]
 
         blocks = self.edge_columns(ow0, owr)
 
@@ -342,7 +345,7 @@ class _Conv2d:
         reads = sum(len(self.inside(out, taps, image)) for out in range(outputs))
         return not self.quantized and reads <= (1 - EDGE_SHARE) * outputs * taps
 
-    def block_sum(self, kw: int, owr: int, taps: int, columns: tuple[range, ...] | None = None) -> list:
+    def block_sum(self, kw: int, owr: int, taps: int, columns: tuple[range, ...] | None = None) -> tuple:
         """The block's accumulators zeroed, summed over the channels and `taps` of the taps' rows from r0 (an
         argument: the top and bottom rows' micro-kernels are one), then written. With
         `columns` (the block's positions that read the image at each of the taps' columns), the taps' columns are
@@ -390,8 +393,8 @@ class _Conv2d:
 
         zero = block(lambda w, c: [self.acc.store((w, c), self.zero)])
         summed = reduction(list(self.config["reduce_order"]), var("s")) if taps else []  # a row of padding: none
-        return zero + summed + (block(self.write) if self.config["write"] == "channels" else
-                                self._rows(owr, kw, self.write))
+        return tuple(zero + summed + (block(self.write) if self.config["write"] == "channels" else
+                                      self._rows(owr, kw, self.write)))
 
     def _rows(self, owr: int, kw: int, body) -> list:
         """The block by output channel, each channel's owr positions a vector: stores run along the output
