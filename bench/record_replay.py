@@ -5,7 +5,7 @@ workload, measured for real by the local pool on this machine.
 
 The sub-spaces keep two to four values of each knob that matters (register block, cache blocks,
 k-block, vector width, unroll, loop order, parallel loop, packing): about two thousand points,
-a few minutes each to measure exhaustively.
+a few minutes each to measure exhaustively (the convolution's thousand too: 189 s on a 2-core Zen 5).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from search_space import Target, batch_matmul, dense, get_space, matmul
+from search_space import Target, batch_matmul, conv2d, dense, get_space, matmul
 from tuner.replay import ReplayData, knob_key
 from workers import MeasureInput
 from workers.pool import make_pool
@@ -33,6 +33,14 @@ DATA_SETS = {
                                                            "parallel": ["none", "n"]}),
     "batch12x128x128x64": (batch_matmul(12, 128, 128, 64), COMMON | {"tile_k": [[-1, 16], [-1, 64]],
                                                                      "parallel": ["none", "b"]}),
+    # ResNet's last 3×3 convolution: every width of an output block, which decides the edge micro-kernels a
+    # config has (the blocks that reach into the padding left or right)
+    "conv512x7x7": (conv2d(1, 512, 7, 7, 512, 3, 3, stride=1, pad=1, bias=True, epilogue="relu", layout="nhwc"),
+                    {"tile_k": [[-1, 16], [-1, 32], [-1, 48]], "tile_ow": [[-1, w] for w in range(1, 8)],
+                     "tile_c": [[-1, 4], [-1, 16], [-1, 64]], "vec": [16], "unroll_c": [1, 4],
+                     "order": [["ko", "oh", "owo"], ["oh", "owo", "ko"]],
+                     "reduce_order": [["co", "r", "s"], ["r", "s", "co"]], "parallel": ["k", "h"],
+                     "write": ["channels"]}),
 }
 OPTIONS = MeasureOptions(repeat=3, min_repeat_ms=10.0)
 

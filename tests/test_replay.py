@@ -11,8 +11,8 @@ from workers.task import Task
 DATA = load_data_sets()
 
 
-def test_the_three_evaluation_workloads_are_recorded():
-    assert set(DATA) == {"matmul512", "dense128x3072x768", "batch12x128x128x64"}
+def test_the_four_evaluation_workloads_are_recorded():
+    assert set(DATA) == {"matmul512", "dense128x3072x768", "batch12x128x128x64", "conv512x7x7"}
 
 
 @pytest.mark.parametrize("name", sorted(DATA))
