@@ -57,12 +57,13 @@ def test_itervar_features_of_a_hand_checkable_program():
 def test_a_branch_weighs_the_iterations_that_take_it():
     """Row 0 of C[6,8] is an edge the program copies, rows 1-5 sum A over k: the sum, hot, runs 5·5·8 = 200
     times, 25 above its vectorized loop; the copy 1·5·8 = 40; a store behind row 0 and row 5 at once never:
-    240 statement runs, not 480 and 400 above the sum as with every branch counted whole."""
+    240 statement runs, where counting every branch whole made 720 and 30 above the sum."""
     a, c = Buffer("A", (6, 5), "input"), Buffer("C", (6, 8), "output")
     i, k, j = var("i"), var("k"), var("j")
     row = lambda value: Loop("j", 8, "vectorized", (c.store((i, j), value),))
     edge = (row(a[i, k]), If(i, "==", 5, (row(Op("add", (a[i, k], a[i, k]))),)))
-    compute = Loop("i", 6, "parallel", (Loop("k", 5, "serial", (If(i, "==", 0, edge, (row(Op("add", (a[i, k], c[i, j]))),)),)),))
+    inside = (row(Op("add", (a[i, k], c[i, j]))),)
+    compute = Loop("i", 6, "parallel", (Loop("k", 5, "serial", (If(i, "==", 0, edge, inside),)),))
     features = itervar_features(Program("edge", (a, c), (Stage("compute", (compute,)),)), 2 * 6 * 8 * 5)
     width = 3 + len(LOOP_KINDS) + 3 * MAX_BUFFERS
     assert features[1] == np.float32(log(25)) and features[MAX_LOOPS * width + 1] == np.float32(log(240))
@@ -80,7 +81,8 @@ def test_a_convolution_counts_the_multiply_adds_it_does_not_the_padding_it_skips
         workload = conv2d(1, 32, size, size, 32, 3, 3, stride=1, pad=1, layout="nhwc")
         program = lower(workload, target, fallback_config(workload, target))
         sites = [site for stage in program.stages for site in _sites(stage.body)]
-        assert sum(site.weight for site in sites if getattr(site.store.value, "name", "") == "fma") == 32 * 32 * taps ** 2
+        fmas = sum(site.weight for site in sites if getattr(site.store.value, "name", "") == "fma")
+        assert fmas == 32 * 32 * taps ** 2
 
 
 def test_the_prefetch_lead_is_a_feature_in_bytes():
