@@ -6,7 +6,7 @@ from tuner.plot import plot_job, plot_tuners
 
 
 def test_a_convolutions_key_stays_inside_the_figure(tmp_path, monkeypatch):
-    """A convolution's workload key is 120 characters without a space: the title breaks after its commas, every
+    """A convolution's workload key is 104 characters without a space: the title breaks after its commas, every
     line inside the figure as it is saved, and reads as the key but for spaces."""
     titles = []
     save = matplotlib.figure.Figure.savefig
