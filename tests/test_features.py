@@ -8,7 +8,7 @@ import numpy as np
 
 from search_space import ConfigSpace, Knob
 from search_space.features import MAX_BUFFERS, MAX_LOOPS, itervar_features, knob_features
-from search_space.program import LOOP_KINDS, Buffer, If, Loop, Op, Program, Stage, var
+from search_space.program import LOOP_KINDS, Buffer, Loop, Op, Program, Stage, var
 
 DATA = Path(__file__).parent / "data"
 FLOAT_BYTES = 4
@@ -52,37 +52,6 @@ def test_itervar_features_of_a_hand_checkable_program():
     # elements, parallel width, bytes prefetched ahead, the share of the threads (one) kept busy
     whole = [log(flops), log(350), 60 / 300, log(5 * 10 * FLOAT_BYTES), log(0), log(6), log(0), 1.0]
     np.testing.assert_allclose(itervar_features(small_matmul(), flops), rows + whole, rtol=1e-6)
-
-
-def test_a_branch_weighs_the_iterations_that_take_it():
-    """Row 0 of C[6,8] is an edge the program copies, rows 1-5 sum A over k: the sum, hot, runs 5·5·8 = 200
-    times, 25 above its vectorized loop; the copy 1·5·8 = 40; a store behind row 0 and row 5 at once never:
-    240 statement runs, where counting every branch whole made 720 and 30 above the sum."""
-    a, c = Buffer("A", (6, 5), "input"), Buffer("C", (6, 8), "output")
-    i, k, j = var("i"), var("k"), var("j")
-    row = lambda value: Loop("j", 8, "vectorized", (c.store((i, j), value),))
-    edge = (row(a[i, k]), If(i, "==", 5, (row(Op("add", (a[i, k], a[i, k]))),)))
-    inside = (row(Op("add", (a[i, k], c[i, j]))),)
-    compute = Loop("i", 6, "parallel", (Loop("k", 5, "serial", (If(i, "==", 0, edge, inside),)),))
-    features = itervar_features(Program("edge", (a, c), (Stage("compute", (compute,)),)), 2 * 6 * 8 * 5)
-    width = 3 + len(LOOP_KINDS) + 3 * MAX_BUFFERS
-    assert features[1] == np.float32(log(25)) and features[MAX_LOOPS * width + 1] == np.float32(log(240))
-
-
-def test_a_convolution_counts_the_multiply_adds_it_does_not_the_padding_it_skips():
-    """32 channels over a 7×7 (14×14) image, 3×3 taps, padding 1: an output row or column reads the image by 2
-    taps at the edges and 3 inside, so 32·32·19² multiply-adds (32·32·40²), where summing the padding does
-    32·32·9·49: each edge's micro-kernel, behind its If, counts the rows and blocks that run it."""
-    from search_space import Target, conv2d, fallback_config, lower
-    from search_space.features import _sites
-
-    target = Target.parse("llvm -mcpu=znver4 -mattr=+avx,+avx2,+fma,+avx512f -threads=1")
-    for size, taps in ((7, 19), (14, 40)):
-        workload = conv2d(1, 32, size, size, 32, 3, 3, stride=1, pad=1, layout="nhwc")
-        program = lower(workload, target, fallback_config(workload, target))
-        sites = [site for stage in program.stages for site in _sites(stage.body)]
-        fmas = sum(site.weight for site in sites if getattr(site.store.value, "name", "") == "fma")
-        assert fmas == 32 * 32 * taps ** 2
 
 
 def test_the_prefetch_lead_is_a_feature_in_bytes():
