@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from bench.allocator import allocator
-from bench.profile import FORWARDS, against_pytorch, mkl_packed, onednn_packed, print_profile, torch_op
+from bench.profile import FORWARDS, ROUNDS, against_pytorch, mkl_packed, onednn_packed, print_profile, torch_op
 from db import Database
 from search_space import Workload, batch_matmul, conv2d, dense, host_target, matmul
 from service.cli import app
@@ -367,8 +367,10 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     assert [op["loss_ms"] for op in ops] == sorted((op["loss_ms"] for op in ops), reverse=True)
     for op in ops:
         assert op["weight"] == 1 and min(op["in_model_us"], op["glue_us"], op["tensortune_us"], op["torch_us"]) > 0
-        assert op["loss_ms"] == pytest.approx((op["tensortune_us"] - op["torch_us"]) / 1e3, abs=2e-3)
-        assert op["speedup_alone"] > 0
+        # both from the rounds' pairs, an odd number of them: the median difference is a loss where the median ratio
+        # is a speedup; the medians' difference may differ (17 µs against 20 on a busy Zen 1)
+        assert op["speedup_alone"] > 0 and ROUNDS % 2 == 1
+        assert op["loss_ms"] == 0 or op["speedup_alone"] == 1 or (op["loss_ms"] < 0) == (op["speedup_alone"] > 1)
         assert op["onednn_us"] > 0  # dense beside oneDNN's packed linear too, as max-autotune runs it
         best = Database(db).best(Workload.from_key(op["workload"]), target)[0]  # and beside what tuning measured
         assert op["tuned_us"] == round(best.result.median * 1e6, 1) > 0
