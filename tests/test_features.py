@@ -124,3 +124,25 @@ def test_a_model_fit_on_the_features_of_a_few_configs_ranks_the_rest_in_their_me
     ranked_faster = predicted[:, None] > predicted[None, :]
     assert far_faster.sum() > 10_000 and ranked_faster[far_faster].mean() > 0.9
     assert measured[np.argmax(predicted)] > 0.85 * measured.max()
+
+
+def test_a_configs_features_are_lowered_once_a_process_whatever_space_holds_it_and_are_read_only():
+    """Each seed of `bench tuner`, and each task of a model featuring the others' records as its history, would
+    otherwise lower the same configs again (a 512-channel convolution's 9 replayed xgb runs: 3,924 programs, 993 distinct)."""
+    import pytest
+
+    from search_space import get_space, lower
+    from tuner.cost_model import features
+    from tuner.replay import ReplayData
+
+    data = ReplayData.load(DATA / "replay_batch12x128x128x64.jsonl.gz")
+    whole = get_space(data.workload, data.target)
+    config = data.space.get(700)
+    same = whole.config(config.to_dict())
+    assert config.index != same.index  # the replay's space is a restriction, with indices of its own
+    x = features(data.workload, data.target, data.space, config, "itervar")
+    assert features(data.workload, data.target, whole, same, "itervar") is x
+    program = lower(data.workload, data.target, same)
+    np.testing.assert_array_equal(x, itervar_features(program, data.workload.flops, data.target.threads))
+    with pytest.raises(ValueError, match="read-only"):
+        x[0] = 1.0

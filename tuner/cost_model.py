@@ -8,12 +8,15 @@ op (transfer learning) serves as the base margin the per-workload model corrects
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
 from search_space import Config, ConfigSpace, Target, Workload, get_space, lower
 from search_space.features import FEATURE_KINDS, itervar_features, knob_features
+
+ITERVAR_CACHE = 1 << 14  # programs' features kept, 1.2 KB each
 
 
 @dataclass(frozen=True)
@@ -35,24 +38,28 @@ class CostModelOptions:
 def features(workload: Workload, target: Target, space: ConfigSpace, config: Config, kind: str) -> np.ndarray:
     if kind == "knob":
         return knob_features(space, config)
-    whole = get_space(workload, target)  # `space` may be a restriction, with indices of its own
-    return itervar_features(lower(workload, target, whole.config(config.to_dict())), workload.flops, target.threads)
+    return _itervar(workload, target, config.values)  # by value: `space` may be a restriction, with indices of its own
+
+
+@lru_cache(maxsize=ITERVAR_CACHE)
+def _itervar(workload: Workload, target: Target, values: tuple) -> np.ndarray:
+    """Read-only, shared by every model of the process: tuners of one workload (the seeds of `bench tuner`, a job
+    resumed), and a model's tasks, each of which features the others' records as its transfer history."""
+    program = lower(workload, target, get_space(workload, target).config(dict(values)))
+    x = itervar_features(program, workload.flops, target.threads)
+    x.flags.writeable = False
+    return x
 
 
 class XGBCostModel:
     def __init__(self, workload: Workload, target: Target, space: ConfigSpace,
                  options: CostModelOptions = CostModelOptions(), seed: int = 0):
         self.workload, self.target, self.space, self.options, self.seed = workload, target, space, options, seed
-        self._features: dict[int, np.ndarray] = {}
         self.booster = None
         self.base = None  # trained on other workloads (transfer)
 
     def matrix(self, configs: Sequence[Config]) -> np.ndarray:
-        for config in configs:
-            if config.index not in self._features:
-                self._features[config.index] = features(self.workload, self.target, self.space, config,
-                                                        self.options.feature)
-        return np.stack([self._features[c.index] for c in configs])
+        return np.stack([features(self.workload, self.target, self.space, c, self.options.feature) for c in configs])
 
     def _params(self) -> dict:
         # one thread: on a small, busy machine OpenMP threads of XGBoost fight the builds and
