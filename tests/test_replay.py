@@ -43,13 +43,24 @@ def test_replay_data_round_trip(tmp_path):
 def test_xgb_needs_at_most_half_the_trials_random_needs(name):
     data = DATA[name]
     level = 0.95 * data.best_gflops
-    random_runs = [replay_curve(data, "random", seed, data.space.size) for seed in range(41)]
+    random_runs = [replay_curve(data, "random", seed, data.space.size, until=level) for seed in range(41)]
     random_median = median_trials(random_runs, level)
     # each xgb run stops at half random's median: what it would need beyond that could only fail the assertion
     xgb_runs = [replay_curve(data, "xgb", seed, int(random_median / 2)) for seed in range(9)]
     xgb_median = median_trials(xgb_runs, level)
     print(f"{name}: trials to 95% of best known, median: xgb {xgb_median}, random {random_median}")
     assert xgb_median <= random_median / 2
+
+
+def test_a_replay_told_a_level_ends_with_the_batch_that_reaches_it_and_counts_the_same_trials():
+    """Random runs over a whole space are the replay test's cost: each needs only its trials to the level."""
+    data = DATA["matmul512"]
+    level = 0.95 * data.best_gflops
+    whole = replay_curve(data, "random", 3, data.space.size)
+    short = replay_curve(data, "random", 3, data.space.size, until=level)
+    reached = trials_to_reach(whole, level)
+    assert reached > 4 and short == whole[:len(short)] and len(short) == -(-reached // 4) * 4  # batches of 4
+    assert trials_to_reach(short, level) == reached
 
 
 def test_trials_to_reach_counts_runs_that_never_reach_as_infinite():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -78,15 +79,17 @@ class ReplayPool:
 
 
 def replay_curve(data: ReplayData, tuner: str, seed: int, trials: int, batch: int = 4,
-                 past: Sequence[tuple] = ()) -> list[float]:
+                 past: Sequence[tuple] = (), until: float = math.inf) -> list[float]:
     """Best GFLOPS after each trial of one tuner run against the recorded measurements
-    (an xgb tuner starting from a base model of `past`, when given)."""
+    (an xgb tuner starting from a base model of `past`, when given), ending early with the batch that reaches
+    `until` GFLOPS: all that the trials to reach it need."""
     from .tune import TuneOptions, make_tuner, search_loop
 
     options = TuneOptions(trials=min(trials, data.space.size), tuner=tuner, batch=batch, seed=seed)
     search = make_tuner(data.workload, data.target, options, past, data.space)
     measured: list = []
-    search_loop(search, ReplayPool(data), data.workload, data.target, options, measured)
+    reached = lambda: any(result.gflops >= until for _, result in measured[-batch:])  # asked after each batch
+    search_loop(search, ReplayPool(data), data.workload, data.target, options, measured, stop=reached)
     best, curve = 0.0, []
     for _, result in measured:
         best = max(best, result.gflops)
