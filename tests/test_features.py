@@ -128,7 +128,8 @@ def test_a_model_fit_on_the_features_of_a_few_configs_ranks_the_rest_in_their_me
 
 def test_a_configs_features_are_lowered_once_a_process_whatever_space_holds_it_and_are_read_only():
     """Each seed of `bench tuner`, and each task of a model featuring the others' records as its history, would
-    otherwise lower the same configs again (a 512-channel convolution's 9 replayed xgb runs: 3,924 programs, 993 distinct)."""
+    otherwise lower the same configs again (a 512-channel convolution's 9 replayed xgb runs: 3,924 programs, 993
+    distinct)."""
     import pytest
 
     from search_space import get_space, lower
