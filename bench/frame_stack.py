@@ -6,7 +6,7 @@ A graph here is CALLS calls of a function with a small frame, as a compiled grap
 of the depths a chunk holds, one graph call's page faults are counted, and the depth with the most is where the
 graph is then timed, both ways (the median of ROUNDS rounds of REPEAT graph calls). Up to Python 3.12 the plain way
 maps and unmaps a chunk at every call it makes there (python/cpython#142183); the runner's way pays two greenlet
-switches a graph call.
+switches and the one chunk its entry's frame crosses into, a graph call.
 """
 from __future__ import annotations
 
@@ -73,6 +73,8 @@ def measure(rounds: int = ROUNDS, repeat: int = REPEAT) -> dict:
     with threadpool_limits(1, user_api="blas"):
         neighbour.start()
         try:
+            for fn in ways.values():  # the runner's first call makes its greenlet: a fault count of its own, once
+                probes([worst], fn, 1)
             samples = {name: [] for name in ways}
             for _ in range(rounds):  # from this frame, as the depth search: no comprehension's frame between
                 for name, fn in ways.items():
