@@ -10,7 +10,7 @@ import pytest
 
 from db import Database
 from db.client_requests import ClientJobs, ClientRequests
-from search_space import Target, conv2d, matmul
+from search_space import Target, batch_matmul, conv2d, dense, matmul
 from service.api import create_app
 from tests.db_helpers import measurement
 from tests.serve_helpers import free_port, served_in_thread, start
@@ -159,3 +159,24 @@ def test_the_dashboard_lists_what_clients_asked_for_with_its_job(browser, tmp_pa
     assert rows == 1 and job is not None
     assert [cells[0], cells[1], cells[2], cells[4], cells[5]] == [workload.label, target.label, "2", str(job), "queued"]
     assert titles[:2] == [workload.key, str(target)]
+
+
+def test_a_job_on_a_host_target_fits_the_page_its_heading_broken_after_commas(browser, tmp_path):
+    """A host's target (two dozen features after -mattr, one token) and attention's strided keys: the heading and
+    the tasks table stay inside the job's section at a laptop's width, the target read whole in the heading."""
+    database = Database(tmp_path / "jobs.db")
+    target = Target.parse("llvm -mcpu=znver4 -mattr=" + ",".join(f"+{name}" for name in (
+        "avx", "avx2", "avx512bf16", "avx512bw", "avx512dq", "avx512f", "avx512vl", "avx512vnni", "fma")) + " -threads=2")
+    tasks = [batch_matmul(12, 128, 128, 64, a_strides="64:2304:1", b_strides="64:1:2304"),
+             dense(128, 3072, 768, bias=True, epilogue="gelu_erf")]
+    job = database.create_model_job("bert-layer", tasks, target, "xgb", 60)
+    with served_in_thread(create_app(database)) as url:
+        page = browser.new_page(viewport={"width": 900, "height": 1000})
+        page.goto(url)
+        page.wait_for_function(f"document.querySelector('#job-id').textContent === '{job}'", timeout=30_000)
+        page.wait_for_selector("#tasks tbody tr")
+        heading = page.text_content("#job h2")
+        overflows = page.evaluate("""['#job h2', '#job'].map(s => document.querySelector(s))
+                                     .map(e => e.scrollWidth - e.clientWidth)""")
+    assert str(target) in heading
+    assert overflows == [0, 0], overflows

@@ -18,9 +18,15 @@ async function getJson(path) {
   return response.json();
 }
 
+// Text that a line may break after each comma (a target's features, a workload key's parameters) and nowhere
+// else in a word: <wbr>, so that the text reads and copies as written.
+function breakingAfterCommas(text) {
+  return String(text).split(/(?<=,)/).flatMap((part, i) => (i ? [document.createElement("wbr"), part] : [part]));
+}
+
 function cell(row, text, className) {
   const td = row.insertCell();
-  td.textContent = text;
+  td.replaceChildren(...breakingAfterCommas(text));
   if (className) td.className = className;
   return td;
 }
@@ -122,7 +128,8 @@ function renderJob(job) {
   $("job").hidden = false;
   $("job").classList.toggle("model", isModel);
   $("job-id").textContent = job.id;
-  $("job-workload").textContent = `${isModel ? `model ${job.model}` : job.workload} on ${job.target} (${job.tuner})`;
+  $("job-workload").replaceChildren(
+    ...breakingAfterCommas(`${isModel ? `model ${job.model}` : job.workload} on ${job.target} (${job.tuner})`));
   $("job-status").textContent = job.status;
   $("job-status").className = `status-${job.status}`;
   $("job-progress").textContent = `${job.trials_done}/${job.trials}`;
