@@ -5,8 +5,8 @@ while another thread multiplies matrices on the other core as a kernel's threads
 A graph here is CALLS calls of a function with a small frame, as a compiled graph calls its tuned ops. For each
 of the depths a chunk holds, one graph call's page faults are counted, and the depth with the most is where the
 graph is then timed, both ways (the median of ROUNDS rounds of REPEAT graph calls). Up to Python 3.12 the plain way
-maps and unmaps a chunk at every call it makes there (python/cpython#142183); the runner's way pays two greenlet
-switches and the one chunk its entry's frame crosses into, a graph call.
+maps and unmaps a chunk at every call it makes there (python/cpython#142183); the runner's way pays, a graph call,
+two greenlet switches and the one chunk its own entry's frame crosses into.
 """
 from __future__ import annotations
 

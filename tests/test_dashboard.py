@@ -162,8 +162,8 @@ def test_the_dashboard_lists_what_clients_asked_for_with_its_job(browser, tmp_pa
 
 
 def test_a_job_on_a_host_target_fits_the_page_its_heading_broken_after_commas(browser, tmp_path):
-    """A host's target (two dozen features after -mattr, one token) and attention's strided keys: the heading and
-    the tasks table stay inside the job's section at a laptop's width, the target read whole in the heading."""
+    """A host's target (its features after -mattr, one token) and attention's strided keys: the heading and the
+    tasks table stay inside the page at a laptop's width, the target read whole in the heading."""
     database = Database(tmp_path / "jobs.db")
     target = Target.parse("llvm -mcpu=znver4 -mattr=" + ",".join(f"+{name}" for name in (
         "avx", "avx2", "avx512bf16", "avx512bw", "avx512dq", "avx512f", "avx512vl", "avx512vnni", "fma")) + " -threads=2")
