@@ -149,8 +149,8 @@ def test_bench_noise_traces_both_kernels_and_finds_slow_phases():
 
 def test_bench_frame_stack_finds_the_thrash_plainly_and_not_through_the_runner():
     """Page faults are counts, not timings: at the caller depth where a plain graph call maps a chunk for each call it
-    makes, the runner's maps one (its own entry's frame), once the runner's greenlet is made (CI's Zen 1 counted that
-    making, 27 faults, in the runner's five calls)."""
+    makes, the runner's maps one (its own entry's frame), once the runner's greenlet is made (CI's Zen 1 counted 27
+    faults in the runner's first five calls, 22 of them that making)."""
     from bench.frame_stack import CALLS, measure
     from frontend.frame_stack import THRASHES
     if not THRASHES:

@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from search_space import ConfigSpace, Knob
 from search_space.features import MAX_BUFFERS, MAX_LOOPS, itervar_features, knob_features
@@ -130,8 +131,6 @@ def test_a_configs_features_are_lowered_once_a_process_whatever_space_holds_it_a
     """Each seed of `bench tuner`, and each task of a model featuring the others' records as its history, would
     otherwise lower the same configs again (a 512-channel convolution's 9 replayed xgb runs: 3,924 programs, 993
     distinct)."""
-    import pytest
-
     from search_space import get_space, lower
     from tuner.cost_model import features
     from tuner.replay import ReplayData
