@@ -124,6 +124,30 @@ def test_the_nhwc_layout_is_the_nchw_convolution_with_channels_last(p, dtype):
             assert error <= 1, f"{last.key} on {target} config {config}: error {error:.2f}x tolerance"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_the_micro_kernel_prefetches_the_packed_weights_as_the_prefetch_knob_says(dtype):
+    """A config's `prefetch` channel steps on: each step prefetches its packed weights' row from there, a prefetcht0
+    per cache line, at the edges too, and computes the same; the fallback prefetches 32 steps on where the weights
+    are past an L2's size (ResNet-18's last layers), nothing where they are small."""
+    from workers.build import generated_assembly
+
+    assert fallback_config(conv2d(1, 512, 7, 7, 512, 3, 3, 1, 1, dtype=dtype), "llvm")["prefetch"] == 32
+    assert fallback_config(conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, dtype=dtype), "llvm")["prefetch"] == 0
+    target = Target.parse("llvm -mcpu=znver4 -mattr=+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512dq,+avx512vl -threads=1")
+    workload = Workload.make("conv2d", dtype=dtype, N=1, C=8, H=7, W=7, K=40, R=3, S=3, stride=1, pad=1, bias=True)
+    space = get_space(workload, target)
+    assert space.knobs["prefetch"].candidates == (0, 4, 16, 32)
+    block = fallback_config(workload, target).to_dict() | {"tile_k": [-1, 32], "vec": 16, "unroll_c": 1}
+    assembly = lambda ahead: generated_assembly(lower(workload, target, space.config(block | {"prefetch": ahead})),
+                                                target)
+    assert assembly(16).count("prefetcht0") >= 2 and "prefetcht0" not in assembly(0)  # a step's row: two lines
+    inputs = workload.random_inputs()
+    for ahead in space.knobs["prefetch"].candidates:
+        for owr in (2, 7):  # blocks with edges of their own, and one block a row
+            config = space.nearest(block | {"prefetch": ahead, "tile_ow": (-1, owr)})
+            assert workload.max_error(build(workload, target, config)(*inputs), workload.reference(*inputs)) <= 1
+
+
 def test_bind_packs_the_weights_once():
     """After bind, the caller's weight array is never read again: changing it in place changes nothing."""
     workload = conv2d(1, 16, 9, 9, 24, 3, 3, 1, 1, bias=True)

@@ -267,8 +267,9 @@ def test_views_in_every_family_match_the_reference(dtype, a_strides, b_strides):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_dense_prefetches_its_packed_weights_as_the_prefetch_knob_says(dtype):
     """A dense micro-kernel of a vector family prefetches the packed weights `prefetch` k steps on, a prefetcht0
-    per cache line of a k step's row, and computes the same; only dense, whose bound weights come from memory in
-    a model, has the knob (products of activations find them in cache, just packed), and only from a packed W."""
+    per cache line of a k step's row, and computes the same; of the GEMMs only dense, whose bound weights come from
+    memory in a model, has the knob (products of activations find them in cache, just packed), and only from a
+    packed W (conv2d, whose weights are bound too, has one of its own: tests/test_conv2d.py)."""
     from search_space import lower
     from workers.build import generated_assembly
 
