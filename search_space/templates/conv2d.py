@@ -108,7 +108,9 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace, isa: str |
     are prefetched 32 channel steps ahead (rotated as tuning times them, ResNet-18's tuned configs on a Zen 5 at 2
     threads: its 512-channel 3×3 convolutions 11-15% faster, 9.4 MB of weights; the 4.7 MB of 256 to 512 channels
     14%; the 2.4 MB of 256 channels 3%; the 1.2 MB of 128 to 256 channels 1%; the small ones alike, but the strided
-    1×1's 0.5 MB, 10% slower)."""
+    1×1's 0.5 MB, 10% slower; the fallback itself 5-6% faster there, in bfloat16 from 7% faster to 2% slower by
+    family), but not in int8 (its fallback 5-7% slower so with VNNI, 29-35% with `widen`, whose accumulators then
+    spill)."""
     p, vec = workload.p, max(space_.knobs["vec"].candidates)
     rows, vectors = (4, 4) if fills(4, 4, target.vector_registers) else (6, 2)
     oh, ow = conv2d_output(p)
@@ -120,7 +122,7 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace, isa: str |
     want = {"tile_k": (-1, vectors * vec), "tile_ow": (-1, rows), "tile_c": (-1, 16), "vec": vec, "unroll_c": 4,
             "order": ("ko", "oh", "owo"), "reduce_order": ("co", "r", "s"), "parallel": parallel,
             "write": "channels" if p["layout"] == "nhwc" else "rows",  # the output's contiguous runs
-            "prefetch": 32 if weight_bytes > STREAMED_BYTES else 0}
+            "prefetch": 32 if weight_bytes > STREAMED_BYTES and workload.dtype != "int8" else 0}
     if "isa" in space_.knobs:
         want["isa"] = isa or space_.knobs["isa"].candidates[-1]
     return space_.nearest(want)
