@@ -106,11 +106,11 @@ def fallback(workload: Workload, target: Target, space_: ConfigSpace, isa: str |
     images, else over the larger operand (rows of a large image, as the stem's; output channels of large weights, as
     the last layers'), so each thread streams a share of it and all share the smaller. Weights past STREAMED_BYTES
     are prefetched 32 channel steps ahead (rotated as tuning times them, ResNet-18's tuned configs on a Zen 5 at 2
-    threads: its 512-channel 3×3 convolutions 11-15% faster, 9.4 MB of weights; the 4.7 MB of 256 to 512 channels
-    14%; the 2.4 MB of 256 channels 3%; the 1.2 MB of 128 to 256 channels 1%; the small ones alike, but the strided
-    1×1's 0.5 MB, 10% slower; the fallback itself 5-6% faster there, in bfloat16 from 7% faster to 2% slower by
-    family), but not in int8 (its fallback 5-7% slower so with VNNI, 29-35% with `widen`, whose accumulators then
-    spill)."""
+    threads: its 512-channel 3×3 convolutions, 9.4 MB of weights, took 10-14% less time; the 4.7 MB of 256 to 512
+    channels 14% less; the 2.4 MB of 256 channels 3%; the 1.2 MB of 128 to 256 channels 1%; the small ones the same,
+    but the strided 1×1's 0.5 MB 12% more; the fallback itself 5-6% less there, in bfloat16 from 7% less to 2% more
+    by family), but not in int8 (its fallback took 5-7% more time so with VNNI, 29-35% more with `widen`, whose
+    accumulators then spill)."""
     p, vec = workload.p, max(space_.knobs["vec"].candidates)
     rows, vectors = (4, 4) if fills(4, 4, target.vector_registers) else (6, 2)
     oh, ow = conv2d_output(p)
