@@ -381,10 +381,9 @@ class _Conv2d:
             weights = lambda *index: self.wk[(kblock, var("co"), r, s) + index]
 
             def ahead(*row) -> list:
-                """Prefetches of the packed weights' row `prefetch` channel steps on, a cache line each."""
-                steps, line = self.config["prefetch"], 64 // self.wk.itemsize
-                return [self.wk.prefetch((kblock, var("co"), r, s) + row, steps * self.kb * self.group + column)
-                        for column in range(0, kw * self.group, line)] if steps else []
+                """The packed weights' row as it lies `prefetch` channel steps on (the row kb·g elements long)."""
+                steps, index = self.config["prefetch"], (kblock, var("co"), r, s) + row
+                return self.wk.prefetch_row(index, steps * self.kb * self.group, kw * self.group) if steps else []
 
             def fma_step(ci):
                 return ahead(ci, 0) + block(lambda w, c: [self.acc.store((w, c), Op("fma", (

@@ -460,12 +460,8 @@ class _Gemm:
         """Prefetches of the packed B's row `prefetch` k steps on from `row` (its first element), a cache line each:
         bound weights come from memory in a model, and one stream of them a k step at a time leaves the memory idle
         between misses."""
-        steps = dict(self.config.values).get("prefetch", 0)
-        if not steps:
-            return []
-        line, width = 64 // self.bp.itemsize, self.nr * self.group  # elements of a cache line, of a k step's row
-        return [self.bp.prefetch(self._batch(b, var("p0"), *row), steps * width + column)
-                for column in range(0, width, line)]
+        steps, width = dict(self.config.values).get("prefetch", 0), self.nr * self.group  # a k step's row
+        return self.bp.prefetch_row(self._batch(b, var("p0"), *row), steps * width, width) if steps else []
 
     def write_back(self, b, m0, n0, k0, kc, rows):
         """C = acc on the first k-block, C += acc after (through the float32 workspace, when C is narrower); bias
