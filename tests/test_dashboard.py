@@ -66,7 +66,8 @@ def test_the_dashboard_charts_a_running_job_live_and_shows_its_result(browser, s
     shown = page.evaluate("window.shown")
     job = httpx.get(f"{server}/api/jobs/{job_id}").json()
     # it grew with no reload: the chart showed the job part-way, then whole
-    assert any(0 < count < TRIALS for count in shown) and shown[-1] == TRIALS, (shown, job["status"], job["trials_done"])
+    assert any(0 < count < TRIALS for count in shown) and shown[-1] == TRIALS, \
+        (shown, job["status"], job["trials_done"])
     page.wait_for_function("document.querySelector('#numpy-gflops').textContent !== '…'", timeout=30_000)
     assert points(page) == TRIALS and job["trials_done"] == TRIALS
     assert page.text_content("#job-id") == str(job_id)
