@@ -42,7 +42,8 @@ from workers.timing import time_samples
 
 # oneDNN's fused post-op (attribute, algorithm) for each epilogue
 ONEDNN_EPILOGUES = {"none": ("none", ""), "relu": ("relu", ""), "gelu": ("gelu", "tanh"), "gelu_erf": ("gelu", "none")}
-PACKED = {"onednn": "oneDNN packed µs", "mkl": "MKL packed µs"}  # the packed references, by key and column
+# the packed references, by key and column (each one's µs and the kernel's speedup alone over it)
+PACKED = {"onednn": "oneDNN packed µs", "mkl": "MKL packed µs"}
 PREFIX = "tensortune "  # the backend's names of its kernel calls: this and the workload's key
 FORWARDS = 10  # forward passes whose kernels are told apart from the rest of the forward (`outside`)
 ROUNDS = 3  # rounds each op is timed in, in the model and alone in turn
@@ -145,9 +146,10 @@ def profile_tasks(tasks, forward: Callable[[], object], eager: Callable[[], obje
                   target: str) -> list[dict]:
     """Per task: µs per call in the model (its kernel in `forward`s, and the backend's Python work before it, of
     `in_model`) and alone, warm and as tuning times it ("rotated"), PyTorch's alone (and oneDNN's packed op's, for
-    dense and conv2d; MKL's packed GEMM's, for a float32 dense), the ms per forward pass tensortune loses alone
-    against PyTorch (negative: wins), and the ms of an `eager` forward timed in the op's rounds; the largest loss
-    first."""
+    dense and conv2d; MKL's packed GEMM's, for a float32 dense: what max-autotune runs), the kernel's speedup alone
+    over PyTorch and over each packed op (each the median of the rounds' ratios, `against_pytorch`), the ms per
+    forward pass tensortune loses alone against PyTorch (negative: wins), and the ms of an `eager` forward timed in
+    the op's rounds; the largest loss first."""
     from frontend.shapes import Kernels
 
     target_ = Target.parse(target)
@@ -185,6 +187,8 @@ def profile_tasks(tasks, forward: Callable[[], object], eager: Callable[[], obje
                      **{f"{way}_us": round(seconds[way] * 1e6, 1) if way in seconds else None
                         for way in ("tensortune", "rotated", "torch", *PACKED)},
                      **against_pytorch(samples, task.weight),
+                     **{f"speedup_vs_{way}": median_ratio(samples, way, "tensortune")[0] if way in samples else None
+                        for way in PACKED},
                      "eager_forward_ms": round(float(np.median(eagers)) * 1e3, 3),
                      **at_peak(task.workload, samples, peak)})
     return sorted(rows, key=lambda row: -row["loss_ms"])
@@ -267,14 +271,17 @@ def print_profile(row: dict) -> None:
     ratio = lambda value: f"{value:.2f}" if value is not None else "-"  # noqa: E731
     at = f" at sequence length {row['seq_len']}" if row["seq_len"] else ""
     table = Table(title=f"{row['model']}{at}: each tuned op per call, in the model and alone beside PyTorch's "
-                        f"operators for it (same run), the largest loss per forward pass first", title_justify="left")
+                        f"operators for it (same run; a speedup is the kernel's alone over the other's), the largest "
+                        f"loss per forward pass first", title_justify="left")
     for column in ("weight", "workload", "in model µs", "as tuned µs", "glue µs", "alone µs", "model / alone",
                    "rotated µs", "model / rotated", "PyTorch µs", "speedup alone", "of peak", "loss ms/forward",
                    *PACKED.values()):
         table.add_column(column)
     for op in row["profile"]:
-        in_model, tuned, glue, *packed = (f"{op[key]:.1f}" if op.get(key) is not None else "-" for key in (
-            "in_model_us", "tuned_us", "glue_us", *(f"{way}_us" for way in PACKED)))
+        in_model, tuned, glue = (f"{op[key]:.1f}" if op.get(key) is not None else "-" for key in (
+            "in_model_us", "tuned_us", "glue_us"))
+        packed = (f"{op[f'{way}_us']:.1f} ({op[f'speedup_vs_{way}']:.2f}x)" if op.get(f"{way}_us") is not None else "-"
+                  for way in PACKED)
         table.add_row(str(op["weight"]), Workload.from_key(op["workload"]).label, in_model, tuned, glue,
                       f"{op['tensortune_us']:.1f}",
                       ratio(op["in_model_vs_alone"]), f"{op['rotated_us']:.1f}", ratio(op["in_model_vs_rotated"]),

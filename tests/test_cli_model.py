@@ -375,6 +375,8 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
         best = Database(db).best(Workload.from_key(op["workload"]), target)[0]  # and beside what tuning measured
         assert op["tuned_us"] == round(best.result.median * 1e6, 1) > 0
         assert op["mkl_us"] > 0 if torch.backends.mkl.is_available() else op["mkl_us"] is None  # and MKL's GEMM
+        # the kernel's speedup over each, from the rounds' pairs as over PyTorch
+        assert op["speedup_vs_onednn"] > 0 and (op["speedup_vs_mkl"] is None) == (op["mkl_us"] is None)
     # tensortune's outside: each profiled forward less its kernels (the same forwards), the median of those
     forwards = np.array(row["outside_ms"]["tensortune_forwards"])
     assert len(forwards) == FORWARDS and (forwards[:, 0] > forwards[:, 1]).all() and (forwards[:, 1] > 0).all()
@@ -391,6 +393,7 @@ def test_bench_model_profile_puts_each_tuned_op_beside_pytorchs_and_the_rest_out
     print_profile(row)  # the table `bench model --profile` prints without --json
     table = capsys.readouterr().out
     assert "dense M=4 N=32 K=16 bias=true epilogue=relu" in table and "MKL packed µs" in table
+    assert all(f"{op['onednn_us']:.1f} ({op['speedup_vs_onednn']:.2f}x)" in table for op in ops)
     outside = row["outside_ms"]
     said = f"outside the tuned ops: tensortune {outside['tensortune']:.2f} ms of {outside['tensortune_forward']:.2f}"
     assert said in table and f"eager {outside['eager']:.2f} ms of {outside['eager_forward']:.2f}" in table
