@@ -11,7 +11,7 @@ from search_space import Target, dense, fallback_config, matmul
 from workers import build, compile_program
 from workers.build import generated_code
 from workers.flush import flush_program
-from workers.reference import MAX_COPIES, inference_calls
+from workers.reference import MAX_COPIES, WeightCopies, inference_calls
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,6 +76,25 @@ def test_the_rotation_binds_copies_of_the_weights_enough_to_fill_its_bytes_each_
     assert len(inference_calls(kernel, inputs, 1 << 40)[0]) == MAX_COPIES
     assert len(inference_calls(kernel, inputs)[0]) == 1
     assert len(inference_calls(build(matmul(8, 8, 8), "llvm"), matmul(8, 8, 8).random_inputs(), 1 << 20)[0]) == 1
+
+
+def test_a_rotation_copies_the_weights_once_for_a_run_of_candidates_on_them():
+    """Each candidate of a workload is timed on the same weights (a worker makes its inputs once): the copies the
+    first candidate's rotation made serve the next, more made only where more are wanted; other weights (another
+    workload's), even of the same values, get copies of their own."""
+    weights = {"W": np.arange(6.0).reshape(2, 3), "bias": np.ones(2)}
+    copies = WeightCopies()
+    first = copies.of(weights, 3)
+    assert len(first) == 3 and first[0] is weights
+    assert all(c["W"] is not weights["W"] and np.array_equal(c["W"], weights["W"]) for c in first[1:])
+    again = copies.of(dict(weights), 4)
+    assert len(again) == 4 and all(again[i]["W"] is first[i]["W"] for i in (1, 2))
+    assert np.array_equal(again[3]["W"], weights["W"]) and again[3]["W"] is not first[2]["W"]
+    fewer = copies.of(weights, 2)
+    assert len(fewer) == 2 and fewer[1]["bias"] is first[1]["bias"]
+    other = {"W": weights["W"] + 1, "bias": weights["bias"]}
+    fresh = copies.of(other, 3)
+    assert all(c["W"] is not f["W"] and np.array_equal(c["W"], other["W"]) for c, f in zip(fresh[1:], first[1:]))
 
 
 def test_a_rotation_cycles_through_twice_the_last_level_cache_and_256_mib_at_most(monkeypatch):

@@ -4,8 +4,10 @@ passing load on the machine hit all contenders alike."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import warnings
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -22,13 +24,40 @@ from .torch_arrays import torch_tensor
 MAX_COPIES = 64  # of the weights a timing rotates over: smaller weights than 1/32 of the cache stay partly warm
 
 
+@dataclass
+class WeightCopies:
+    """The weights a rotation last copied, and their copies: kept for the next candidate, which reads the same
+    weights (a worker makes a workload's inputs once: workers.task._reference). Copying them anew for each took 0.12
+    s of a candidate's 0.5 (BERT's 3072×768 float32 weights, 28 copies in 256 MiB; an Intel host with 300 MiB of
+    L3). Holding the weights keeps their ids from being reused while they are compared by identity."""
+
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    copies: list[dict[str, np.ndarray]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def of(self, weights: dict[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]]:
+        """`count` sets of the weights: the arrays themselves, then copies of them (read, never written, by the
+        kernels bound to them), those of the last call where it was given the same arrays."""
+        with self.lock:
+            if self.weights.keys() != weights.keys() or any(self.weights[name] is not array
+                                                              for name, array in weights.items()):
+                self.weights, self.copies = dict(weights), []  # the old copies freed before new ones are made
+            while len(self.copies) < count - 1:
+                self.copies.append({name: array.copy() for name, array in weights.items()})
+            return [weights] + self.copies[:count - 1]
+
+
+WEIGHT_COPIES = WeightCopies()
+
+
 def inference_calls(kernel: Kernel, inputs, weight_bytes: int = 0) -> tuple[list[Callable], np.ndarray]:
     """Zero-argument calls of the kernel and its output array; the workload's weights are bound (packed
     once), as an inference deployment does, so only the activations' work is timed. Each call reads a copy of
     the weights of its own, as many copies as hold `weight_bytes` (one at least, MAX_COPIES at most; one call
-    where there are no weights). The arrays are checked once, here, and each call is the unchecked one the torch
-    backend makes (`address_call`): checking a call's NumPy arrays took 9-20 µs more a call, which no model pays
-    (BERT's 12×128×128×64 attention product 200 µs a call checked, 180 not, on an Intel AMX host)."""
+    where there are no weights), made once for a run of candidates on the same weights (WeightCopies). The arrays
+    are checked once, here, and each call is the unchecked one the torch backend makes (`address_call`): checking a
+    call's NumPy arrays took 9-20 µs more a call, which no model pays (BERT's 12×128×128×64 attention product 200
+    µs a call checked, 180 not, on an Intel AMX host)."""
     workload = kernel.workload
     out = aligned_empty(workload.output_shape, workload.output_dtype)
     named = dict(zip((name for name, _ in workload.operand_shapes()), inputs))
@@ -37,13 +66,14 @@ def inference_calls(kernel: Kernel, inputs, weight_bytes: int = 0) -> tuple[list
     bound = [kernel]
     if weights:
         copies = min(MAX_COPIES, max(1, -(-weight_bytes // sum(array.nbytes for array in weights.values()))))
-        bound = [kernel.bind(**(weights if copy == 0 else {name: a.copy() for name, a in weights.items()}))
-                 for copy in range(copies)]
+        bound = [kernel.bind(**copy) for copy in WEIGHT_COPIES.of(weights, copies)]
     if not isinstance(kernel, Kernel):  # a GPU kernel: its call copies the arrays there and back, by no address
         return [lambda b=b: b(*activations, out=out) for b in bound], out
     bound[0].check(*activations, out=out)
     addresses = [array.ctypes.data for array in activations + [out]]
     return [lambda call=b.address_call(), _keepalive=(activations, out): call(*addresses) for b in bound], out
+
+
 
 
 def activation_arrays(workload: Workload, inputs) -> list[np.ndarray]:
