@@ -17,14 +17,15 @@ from .task import MeasureOptions, Task
 @dataclass(frozen=True)
 class PoolOptions:
     """How a host's cores are shared. With `exclusive_timing`, a batch's builds run in parallel on
-    `workers` processes, then the built candidates are checked and timed one at a time while no
-    build runs, on this host, of this pool or any other that uses the same `host_lock` file;
-    without it every worker times as soon as it has built (faster, noisier numbers)."""
+    `workers` processes, then their checks against NumPy in parallel, then the checked candidates are
+    timed one at a time while nothing else runs, on this host, of this pool or any other that uses the
+    same `host_lock` file; without it every worker times as soon as it has checked (faster, noisier
+    numbers)."""
 
     workers: int = 0  # worker processes per host; 0: one per core this process may use
     exclusive_timing: bool = True
     build_timeout: float = 20.0  # seconds per candidate, from dispatch to built
-    run_timeout: float = 20.0  # seconds per candidate for the check and the timing
+    run_timeout: float = 20.0  # seconds per candidate for its check, and again for its timing
     start_timeout: float = 60.0  # seconds for a new worker process to import and report ready
     host_lock: str | None = None  # the file every pool on a host locks; None: host_lock.default_path() there
     host_lock_wait: float = 60.0  # seconds a step waits for other pools; then it runs and its record says so

@@ -1,4 +1,4 @@
-"""The local pool: candidates built and run in worker processes on this machine.
+"""The local pool: candidates built, checked and timed in worker processes on this machine.
 
 A candidate that hangs is killed at its timeout (`build_timeout`, `run_timeout`); one that
 crashes its process with a fault signal is a `runtime_error` (a `compile_error` while
@@ -28,11 +28,12 @@ from search_space import Target, host_target
 from .host_lock import HostLock, default_path
 from .pool import NoWorkerHost, PoolOptions
 from .result import MeasureResult, Outcome
-from .task import Built, MeasureOptions, Task, build_step, failed, run_step
+from .task import Built, Checked, MeasureOptions, Task, build_step, check_step, failed, time_step
 from .timing import host_flush_buffer
 
 FAULT_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 STARTED = "started"
+STEPS = {"check": check_step, "run": time_step}  # what a worker does to the candidate it holds
 
 
 def physical_memory() -> int:
@@ -40,8 +41,10 @@ def physical_memory() -> int:
 
 
 def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: int) -> None:
-    """A worker process: build on ("build", task), check and time on ("run", options), stop on None.
-    Each step first sends STARTED, once it holds the host lock and, the first time, has set up what runs share."""
+    """A worker process: build on ("build", task), bind the weights and check the result on ("check", options), time
+    on ("run", options), stop on None; each step replies None where it leaves its candidate to the next, else the
+    candidate's record. Each step first sends STARTED, once it holds the host lock (shared to build and check,
+    exclusive to time) and, the first time, has set up what runs share."""
     # Ctrl-C, which a terminal sends to its whole foreground group, is the parent's to answer (it closes the
     # pool): ignored here, then unblocked (Worker starts this process with SIGINT blocked).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -57,7 +60,7 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
         resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
     lock = HostLock(*host_lock) if host_lock else None
     conn.send("ready")
-    built: Built | MeasureResult | None = None
+    held: Built | Checked | None = None  # the candidate the last step left for the next
     flush_buffer_ready = False
     while True:
         try:
@@ -69,35 +72,32 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
         kind, payload = message
         with lock.held(exclusive=kind == "run") if lock else nullcontext((0.0, True)) as (waited, locked):
             setup = {}
-            flushing = kind == "run" and payload.cache == "flush" and built.kernel.target.kind == "llvm"
+            flushing = kind == "run" and payload.cache == "flush" and held.built.kernel.target.kind == "llvm"
             if flushing and not flush_buffer_ready:
                 setup, flush_buffer_ready = fault_in_flush_buffer(), True
             conn.send(STARTED)  # the step's timeout runs from here, not from the wait for other pools
-            reply = build_step(payload) if kind == "build" else run_step(built, payload)
-        reply = with_wait(reply, waited, locked or kind == "build", setup)
-        if kind == "build":
-            built = reply
-            conn.send(reply if isinstance(reply, MeasureResult) else None)
-        else:
-            conn.send(reply)
-            built = None
+            reply = build_step(payload) if kind == "build" else STEPS[kind](held, payload)
+        reply = with_wait(reply, waited, locked or kind != "run", setup)
+        held = None if isinstance(reply, MeasureResult) else reply
+        conn.send(reply if held is None else None)
 
 
 def fault_in_flush_buffer() -> dict:
     """{"setup": seconds} to make the process's cache-flush buffer (HostTimedCall) and write it once, which faults
     in its pages, before the first flushed run's timeout starts: that first write takes many times a later one,
     seconds where the last-level cache is hundreds of MiB, and fresh workers' first runs overran 3 s run
-    timeouts so on a loaded host. A MemoryError here is met again, and recorded, in run_step."""
+    timeouts so on a loaded host. A MemoryError here is met again, and recorded, in time_step."""
     start = time.perf_counter()
     with suppress(MemoryError):
         host_flush_buffer()
     return {"setup": time.perf_counter() - start}
 
 
-def with_wait(reply: Built | MeasureResult, waited: float, locked: bool, setup: dict) -> Built | MeasureResult:
+def with_wait(reply: Built | Checked | MeasureResult, waited: float, locked: bool,
+              setup: dict) -> Built | Checked | MeasureResult:
     """The reply with the time spent waiting for the host lock as its "wait" phase, and the set-up's phase."""
     phases = reply.phases | {"wait": reply.phases.get("wait", 0.0) + waited} | setup
-    if isinstance(reply, Built):
+    if isinstance(reply, (Built, Checked)):
         reply.phases = phases
         return reply
     error = reply.error if locked or not reply.ok else f"timed without the host lock after waiting {waited:.0f} s"
@@ -210,32 +210,42 @@ class LocalPool:
             raise NoWorkerHost(target, f"llvm {host.model}, {host.threads} cores (this one)", pool="local")
 
     def _wave(self, batch: Batch, slots: dict, options: MeasureOptions) -> None:
-        """Build one candidate per worker in parallel, then run them (one at a time if exclusive)."""
-        pending = {}
-        for slot, (index, _) in slots.items():
-            if self._workers[slot].await_ready(self.options.start_timeout):
-                pending[slot] = time.perf_counter()  # before sending: the worker may start at once
-            if not self._workers[slot].send(("build", batch.tasks[index]), self.options.start_timeout):
-                pending.pop(slot, None)
-                self._lost(batch, slots, slot, "build")
-        built = self._collect(batch, slots, pending, "build")
-        groups = [{slot: wall} for slot, wall in built.items()] if self.options.exclusive_timing else [built]
+        """Build one candidate per worker in parallel, check them in parallel (nothing is timed yet: on an Intel
+        host a BERT dense candidate's check, its weights bound in 27 copies, was 0.1 s of each 0.45), then time them
+        (one at a time if exclusive)."""
+        built = self._step(batch, slots, slots, "build", lambda index: batch.tasks[index])
+        checked = self._step(batch, slots, built, "check", lambda index: options)
+        walls = {slot: built[slot] + wall for slot, wall in checked.items()}
+        groups = [{slot: wall} for slot, wall in walls.items()] if self.options.exclusive_timing else [walls]
         for group in groups:
             self._run(batch, slots, group, options)
 
-    def _run(self, batch: Batch, slots: dict, built: dict, options: MeasureOptions) -> None:
+    def _step(self, batch: Batch, slots: dict, ready, step: str, payload) -> dict:
+        """Send each worker of `ready` (slots) `step` with `payload(its candidate's index)`, all at once: {slot: wall
+        seconds} of those whose candidate goes on to the next step."""
         pending = {}
-        for slot in built:
+        for slot in ready:
+            if self._workers[slot].await_ready(self.options.start_timeout):
+                pending[slot] = time.perf_counter()  # before sending: the worker may start at once
+            if not self._workers[slot].send((step, payload(slots[slot][0])), self.options.start_timeout):
+                pending.pop(slot, None)
+                self._lost(batch, slots, slot, step)
+        return self._collect(batch, slots, pending, step)
+
+    def _run(self, batch: Batch, slots: dict, walls: dict, options: MeasureOptions) -> None:
+        pending = {}
+        for slot in walls:
             pending[slot] = time.perf_counter()
             self._workers[slot].send(("run", options), self.options.start_timeout)
         for slot, (result, wall) in self._collect(batch, slots, pending, "run").items():
             index, attempt = slots[slot]
-            bookkeeping = built[slot] + wall - sum(result.phases.values())
+            bookkeeping = walls[slot] + wall - sum(result.phases.values())
             result = replace(result, phases=result.phases | {"dispatch": bookkeeping})
             batch.results[index] = replace(result, error="retried once after its worker was lost") if attempt else result
 
     def _collect(self, batch: Batch, slots: dict, pending: dict, step: str) -> dict:
-        """Replies in arrival order: {slot: wall seconds} of built candidates, {slot: (result, wall)} of runs.
+        """Replies in arrival order: {slot: wall seconds} of built or checked candidates, {slot: (result, wall)} of
+        runs.
         A step's timeout runs from its STARTED; before that it may wait `host_lock_wait` for other pools, then
         set its process up (serve) as long as a start-up may take."""
         timeout = self.options.build_timeout if step == "build" else self.options.run_timeout

@@ -161,25 +161,47 @@ def timed_call(kernel, inputs, options: MeasureOptions) -> TimedCall:
                          activation_arrays(kernel.workload, inputs))
 
 
-def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
-    """Check against NumPy, then time; the kernel's compile time is reported from its own clock."""
+@dataclass
+class Checked:
+    """A built candidate whose result matched NumPy's, its weights bound for the timing: what `time_step` times."""
+
+    built: Built
+    timed: TimedCall
+    phases: dict
+
+
+def check_step(built: Built, options: MeasureOptions) -> Checked | MeasureResult:
+    """Bind the weights (and their copies for a rotation) and compare one call's result with NumPy's: nothing is
+    timed, so a pool may run it beside other workers' builds and checks."""
     kernel, phases = built.kernel, dict(built.phases)
+    start = time.perf_counter()
     try:
-        start = time.perf_counter()
         inputs, expected = _reference(kernel.workload)
         timed = timed_call(kernel, inputs, options)
-        if options.check:
-            error = kernel.workload.max_error(timed.output(), expected)
-            if not error <= 1:
-                phases["check"] = time.perf_counter() - start
-                return failed(Outcome.WRONG_ANSWER, f"max error {error:.3g}x the tolerance",
-                              built.started_at, phases)
-        phases["check"] = time.perf_counter() - start
-        start = time.perf_counter()
-        samples = timed.samples(options)
-        phases["time"] = time.perf_counter() - start
+        error = kernel.workload.max_error(timed.output(), expected) if options.check else 0.0
     except Exception:  # noqa: BLE001
         return failed(Outcome.RUNTIME_ERROR, traceback.format_exc(), built.started_at, phases)
+    phases["check"] = time.perf_counter() - start
+    if not error <= 1:
+        return failed(Outcome.WRONG_ANSWER, f"max error {error:.3g}x the tolerance", built.started_at, phases)
+    return Checked(built, timed, phases)
+
+
+def time_step(checked: Checked, options: MeasureOptions) -> MeasureResult:
+    """Time a checked candidate; the kernel's compile time is reported from its own clock."""
+    kernel, phases = checked.built.kernel, dict(checked.phases)
+    try:
+        start = time.perf_counter()
+        samples = checked.timed.samples(options)
+        phases["time"] = time.perf_counter() - start
+    except Exception:  # noqa: BLE001
+        return failed(Outcome.RUNTIME_ERROR, traceback.format_exc(), checked.built.started_at, phases)
     worker, host = identity()
     return MeasureResult(Outcome.OK, tuple(samples), kernel.compile_seconds, kernel.workload.flops, worker, host,
-                         built.started_at, time.time(), phases=phases)
+                         checked.built.started_at, time.time(), phases=phases)
+
+
+def run_step(built: Built, options: MeasureOptions) -> MeasureResult:
+    """Check against NumPy, then time."""
+    checked = check_step(built, options)
+    return checked if isinstance(checked, MeasureResult) else time_step(checked, options)
