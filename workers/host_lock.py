@@ -2,8 +2,8 @@
 
 Builds and checks hold it shared and timing holds it exclusive, so two pools on one host (two
 Ray nodes, the CLI beside the service, the service's several runners) never time a kernel while
-another builds, checks or times. The lock belongs to the worker process's open file, so a worker that is
-killed mid-step never leaves it taken.
+another builds, checks or times. The lock belongs to the worker process's open file, so a worker
+that is killed mid-step never leaves it taken.
 """
 from __future__ import annotations
 

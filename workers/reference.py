@@ -28,8 +28,8 @@ MAX_COPIES = 64  # of the weights a timing rotates over: smaller weights than 1/
 class WeightCopies:
     """The weights a rotation last copied, and their copies: kept for the next candidate, which reads the same
     weights (a worker makes a workload's inputs once: workers.task._reference). Copying them anew for each took 0.12
-    s of a candidate's 0.5 (BERT's 3072×768 float32 weights, 28 copies in 256 MiB; an Intel host with 300 MiB of
-    L3). Holding the weights keeps their ids from being reused while they are compared by identity."""
+    s of a candidate's 0.5 (BERT's 3072×768 float32 weights, 27 copies beside them in 256 MiB; an Intel host with
+    300 MiB of L3). Holding the weights keeps their ids from being reused while they are compared by identity."""
 
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     copies: list[dict[str, np.ndarray]] = field(default_factory=list)
@@ -72,8 +72,6 @@ def inference_calls(kernel: Kernel, inputs, weight_bytes: int = 0) -> tuple[list
     bound[0].check(*activations, out=out)
     addresses = [array.ctypes.data for array in activations + [out]]
     return [lambda call=b.address_call(), _keepalive=(activations, out): call(*addresses) for b in bound], out
-
-
 
 
 def activation_arrays(workload: Workload, inputs) -> list[np.ndarray]:
