@@ -85,16 +85,46 @@ def test_a_rotation_copies_the_weights_once_for_a_run_of_candidates_on_them():
     weights = {"W": np.arange(6.0).reshape(2, 3), "bias": np.ones(2)}
     copies = WeightCopies()
     first = copies.of(weights, 3)
-    assert len(first) == 3 and first[0] is weights
-    assert all(c["W"] is not weights["W"] and np.array_equal(c["W"], weights["W"]) for c in first[1:])
+    assert len(first) == 3 and sum(c is weights for c in first) == 1
+    made = [c for c in first if c is not weights]
+    assert all(c["W"] is not weights["W"] and np.array_equal(c["W"], weights["W"]) for c in made)
     again = copies.of(dict(weights), 4)
-    assert len(again) == 4 and all(again[i]["W"] is first[i]["W"] for i in (1, 2))
-    assert np.array_equal(again[3]["W"], weights["W"]) and again[3]["W"] is not first[2]["W"]
+    assert len(again) == 4 and all(any(c["W"] is m["W"] for c in again) for m in made)
+    extra = [c for c in again if c["W"] is not weights["W"] and all(c["W"] is not m["W"] for m in made)]
+    assert len(extra) == 1 and np.array_equal(extra[0]["W"], weights["W"])
     fewer = copies.of(weights, 2)
-    assert len(fewer) == 2 and fewer[1]["bias"] is first[1]["bias"]
+    assert len(fewer) == 2 and {id(c["bias"]) for c in fewer} <= {id(c["bias"]) for c in again}
     other = {"W": weights["W"] + 1, "bias": weights["bias"]}
     fresh = copies.of(other, 3)
-    assert all(c["W"] is not f["W"] and np.array_equal(c["W"], other["W"]) for c, f in zip(fresh[1:], first[1:]))
+    assert all(np.array_equal(c["W"], other["W"]) and all(c["W"] is not m["W"] for m in made) for c in fresh)
+
+
+def test_each_timed_call_reads_the_copy_that_all_the_others_were_touched_after():
+    """No untimed round before a timing: every touch of the weights' copies goes round them in one order (binding
+    packs them in it, a timing times them in it, the check and the waking call take the copy touched last), so a
+    timed call's copy has had every other copy touched since it was last, as a model's layers evict a layer's
+    weights, over any run of candidates, timings of 3 or 7 calls over 5 copies, and a first candidate whose copies
+    were just made from the weights (which copying read last)."""
+    from workers.task import HostTimedCall, MeasureOptions
+
+    weights, copies, touched = {"W": np.zeros(4)}, WeightCopies(), []
+    for made in copies.of(weights, 5)[:-1]:  # each copy made by reading W: W last of all
+        touched += [id(weights["W"]), id(made["W"])]
+    timed_ids = []
+    for repeat, packs in ((3, False), (7, True), (3, True), (3, False), (7, False), (2, True)):
+        sets = copies.of(weights, 5)
+        if packs:  # binding packs each, in the order given; a config that does not reads the copies themselves
+            touched += [id(s["W"]) for s in sets]
+        calls = [lambda s=s: touched.append(id(s["W"])) for s in sets]
+        timed = HostTimedCall(calls, np.zeros(1), target=None, activations=[], copies=copies)
+        timed.output()
+        before = len(touched)
+        timed.samples(MeasureOptions(repeat=repeat))
+        assert len(touched) == before + 1 + repeat  # one waking call, then the timed ones: no round
+        timed_ids += [(len(touched) - repeat + i, touched[-repeat + i]) for i in range(repeat)]
+    for at, copy in timed_ids:
+        last = max(i for i in range(at) if touched[i] == copy)
+        assert len(set(touched[last + 1:at])) == 4, (at, touched[last + 1:at])
 
 
 def test_a_rotation_cycles_through_twice_the_last_level_cache_and_256_mib_at_most(monkeypatch):

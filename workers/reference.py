@@ -29,22 +29,36 @@ class WeightCopies:
     """The weights a rotation last copied, and their copies: kept for the next candidate, which reads the same
     weights (a worker makes a workload's inputs once: workers.task._reference). Copying them anew for each took 0.12
     s of a candidate's 0.5 (BERT's 3072×768 float32 weights, 27 copies beside them in 256 MiB; an Intel host with
-    300 MiB of L3). Holding the weights keeps their ids from being reused while they are compared by identity."""
+    300 MiB of L3). Holding the weights keeps their ids from being reused while they are compared by identity.
+
+    Every touch of the sets goes round them in one order, from `start`, the set touched longest ago: a kernel binds
+    them in that order (packing reads each), its rotation times them in it and then turns `start` past the sets it
+    timed (`turn`). So each timed call reads a set that all the others were touched after, as an untimed round of
+    calls before the timing once ensured, at the cost of that round (28 calls of a BERT dense on that Intel host)."""
 
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     copies: list[dict[str, np.ndarray]] = field(default_factory=list)
+    start: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def of(self, weights: dict[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]]:
-        """`count` sets of the weights: the arrays themselves, then copies of them (read, never written, by the
-        kernels bound to them), those of the last call where it was given the same arrays."""
+        """`count` sets of the weights, the set touched longest ago first: the arrays themselves and copies of them
+        (read, never written, by the kernels bound to them), those of the last call where it was given the same
+        arrays."""
         with self.lock:
             if self.weights.keys() != weights.keys() or any(self.weights[name] is not array
                                                               for name, array in weights.items()):
                 self.weights, self.copies = dict(weights), []  # the old copies freed before new ones are made
+                self.start = 1  # copying read the arrays themselves after each copy was written
             while len(self.copies) < count - 1:
                 self.copies.append({name: array.copy() for name, array in weights.items()})
-            return [weights] + self.copies[:count - 1]
+            sets, first = [weights] + self.copies[:count - 1], self.start % count
+            return sets[first:] + sets[:first]
+
+    def turn(self, by: int) -> None:
+        """The first `by` sets in the order `of` gives have just been touched, in that order."""
+        with self.lock:
+            self.start += by
 
 
 WEIGHT_COPIES = WeightCopies()
@@ -54,7 +68,8 @@ def inference_calls(kernel: Kernel, inputs, weight_bytes: int = 0) -> tuple[list
     """Zero-argument calls of the kernel and its output array; the workload's weights are bound (packed
     once), as an inference deployment does, so only the activations' work is timed. Each call reads a copy of
     the weights of its own, as many copies as hold `weight_bytes` (one at least, MAX_COPIES at most; one call
-    where there are no weights), made once for a run of candidates on the same weights (WeightCopies). The arrays
+    where there are no weights), made once for a run of candidates on the same weights and bound in the order of
+    WeightCopies.of, the copy touched longest ago first, the calls in that order too. The arrays
     are checked once, here, and each call is the unchecked one the torch backend makes (`address_call`): checking a
     call's NumPy arrays took 9-20 µs more a call, which no model pays (BERT's 12×128×128×64 attention product 200
     µs a call checked, 180 not, on an Intel AMX host)."""

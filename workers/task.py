@@ -25,7 +25,7 @@ from .flush import host_flusher
 from .kernel import Kernel
 from .llvm_codegen import CodegenError
 from .llvm_jit import CompileError
-from .reference import activation_arrays, inference_calls
+from .reference import WEIGHT_COPIES, WeightCopies, activation_arrays, inference_calls
 from .result import MeasureInput, MeasureResult, Outcome
 from .timing import producer_writes, rotated_samples, rotation_bytes, time_samples
 
@@ -133,21 +133,27 @@ class TimedCall(Protocol):
 @dataclass
 class HostTimedCall:
     """A CPU kernel's inference calls over fixed inputs (dense weights packed once, as deployed), one for each copy
-    of the weights, timed by the host's clock as `MeasureOptions.cache` says; workers.cuda_measure.CudaTimedCall
-    is its GPU counterpart."""
+    of the weights, the copy touched longest ago first, timed by the host's clock as `MeasureOptions.cache` says;
+    workers.cuda_measure.CudaTimedCall is its GPU counterpart."""
 
     calls: list[Callable[[], object]]
     out: np.ndarray
     target: Target
     activations: list[np.ndarray]  # the arrays the calls read that the op before would write
+    copies: WeightCopies | None = None  # the weights' copies the calls read, whose order a rotation turns
 
     def output(self) -> np.ndarray:
-        self.calls[0]()
+        self.calls[-1]()  # the copy touched last: the others stay in the order they were touched
         return self.out
 
     def samples(self, options: MeasureOptions) -> list[float]:
         if options.cache == "rotate":
-            return rotated_samples(self.calls, options.repeat, producer_writes(self.activations))
+            samples = rotated_samples(self.calls, options.repeat, producer_writes(self.activations))
+            turn = options.repeat % len(self.calls)
+            self.calls = self.calls[turn:] + self.calls[:turn]
+            if self.copies is not None:
+                self.copies.turn(options.repeat)
+            return samples
         flush = host_flusher(self.target) if options.cache == "flush" else None
         return time_samples(self.calls[0], options.repeat, options.min_repeat_ms, flush, options.cooldown_ms)
 
@@ -157,8 +163,9 @@ def timed_call(kernel, inputs, options: MeasureOptions) -> TimedCall:
         from .cuda_measure import CudaTimedCall
         return CudaTimedCall(kernel, inputs)
     weight_bytes = rotation_bytes() if options.cache == "rotate" else 0
+    copies = WEIGHT_COPIES if weight_bytes and kernel.workload.weight_names() else None
     return HostTimedCall(*inference_calls(kernel, inputs, weight_bytes), kernel.target,
-                         activation_arrays(kernel.workload, inputs))
+                         activation_arrays(kernel.workload, inputs), copies)
 
 
 @dataclass

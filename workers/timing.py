@@ -85,10 +85,11 @@ def time_samples(fn: Callable[[], object], repeat: int = 5, min_repeat_ms: float
 
 
 def rotated_samples(calls: list[Callable[[], object]], repeat: int, before: Callable[[], None]) -> list[float]:
-    """Seconds of `repeat` single calls, each of the next of `calls` in turn, after a round of them all: each
-    call's memory was last touched a whole round of the others before it. `before` runs, untimed, ahead of each."""
-    for call in calls:
-        call()
+    """Seconds of `repeat` single calls, each of the next of `calls` in turn from the first: `calls` come in the order
+    their memory was last touched, the longest ago first (workers.reference.WeightCopies), so each timed call reads
+    memory that all the others were touched after. The last, touched most recently, runs once first, untimed, to
+    wake the threads. `before` runs, untimed, ahead of each timed call."""
+    calls[-1]()
     samples = []
     for sample in range(repeat):
         call = calls[sample % len(calls)]
