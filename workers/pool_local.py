@@ -211,8 +211,8 @@ class LocalPool:
 
     def _wave(self, batch: Batch, slots: dict, options: MeasureOptions) -> None:
         """Build one candidate per worker in parallel, check them in parallel (nothing is timed: a BERT dense
-        candidate's check, its weights bound in 28 copies, took 0.09-0.10 s beside 0.14 s of timing on an Intel
-        host), then time them (one at a time if exclusive)."""
+        candidate's check, its weights bound in 28 copies, took 0.09-0.10 s on an Intel host, beside 0.14 s of timing
+        that then began with an untimed round of 28 calls), then time them (one at a time if exclusive)."""
         built = self._step(batch, slots, slots, "build", lambda index: batch.tasks[index])
         checked = self._step(batch, slots, built, "check", lambda index: options)
         walls = {slot: built[slot] + wall for slot, wall in checked.items()}
