@@ -103,7 +103,7 @@ def test_each_timed_call_reads_the_copy_that_all_the_others_were_touched_after()
     """No untimed round before a timing: every touch of the weights' copies goes round them in one order (binding
     packs them in it, a timing times them in it, the check and the waking call take the copy touched last), so a
     timed call's copy has had every other copy touched since it was last, as a model's layers evict a layer's
-    weights, over any run of candidates, timings of 3 or 7 calls over 5 copies, and a first candidate whose copies
+    weights, over any run of candidates, timings of 2, 3 or 7 calls over 5 copies, and a first candidate whose copies
     were just made from the weights (which copying read last)."""
     from workers.task import HostTimedCall, MeasureOptions
 
