@@ -69,10 +69,10 @@ def inference_calls(kernel: Kernel, inputs, weight_bytes: int = 0) -> tuple[list
     once), as an inference deployment does, so only the activations' work is timed. Each call reads a copy of
     the weights of its own, as many copies as hold `weight_bytes` (one at least, MAX_COPIES at most; one call
     where there are no weights), made once for a run of candidates on the same weights and bound in the order of
-    WeightCopies.of, the copy touched longest ago first, the calls in that order too. The arrays
-    are checked once, here, and each call is the unchecked one the torch backend makes (`address_call`): checking a
-    call's NumPy arrays took 9-20 µs more a call, which no model pays (BERT's 12×128×128×64 attention product 200
-    µs a call checked, 180 not, on an Intel AMX host)."""
+    WeightCopies.of, the copy touched longest ago first, the calls in that order too. The arrays are checked once,
+    here, and each call is the unchecked one the torch backend makes (`address_call`): checking a call's NumPy arrays
+    took 9-20 µs more a call, which no model pays (BERT's 12×128×128×64 attention product 200 µs a call checked, 180
+    not, on an Intel AMX host)."""
     workload = kernel.workload
     out = aligned_empty(workload.output_shape, workload.output_dtype)
     named = dict(zip((name for name, _ in workload.operand_shapes()), inputs))
