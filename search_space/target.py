@@ -40,6 +40,12 @@ def without(features: Collection[str], removed: Collection[str]) -> set[str]:
     return kept
 
 
+def lacked_features(target: Target, features: Collection[str]) -> str:
+    """The vector features `target` asks for that a CPU of `features` lacks, named ("" for none): its code cannot run
+    there (LLVM aborts the process compiling an instruction of a feature its machine is told is off)."""
+    return ", ".join(sorted(f for f in target.features if f in VECTOR_FEATURES and f not in features))
+
+
 class TargetError(ValueError):
     """A target string that names no target tensortune can build for."""
 

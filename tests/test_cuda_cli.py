@@ -84,9 +84,10 @@ def test_cuda_candidates_go_only_to_agents_with_a_gpu_of_the_target():
     h100 = Agent(None, "cuda", "NVIDIA H100 80GB HBM3", "node-1", "sm_90")
     a100 = Agent(None, "cuda", "NVIDIA A100-SXM4-40GB", "node-2", "sm_80")
     blind = Agent(None, "cuda", "", "node-3", "")  # a GPU resource where CuPy sees no GPU
-    cpu = Agent(None, "llvm", "znver3", "node-1", cores=2)
+    cpu = Agent(None, "llvm", "znver3", "node-1", cores=2, features=("avx", "avx2", "fma"))
     for target, serving in [("cuda -arch=sm_90", [h100]), ("cuda -device=NVIDIA_H100_80GB_HBM3 -arch=sm_90", [h100]),
                             ("cuda -device=NVIDIA_H200 -arch=sm_90", []), ("cuda -arch=sm_80", [a100]),
                             ("llvm -mcpu=znver3 -mattr=+avx2 -threads=2", [cpu]),
-                            ("llvm -mcpu=znver3 -mattr=+avx2 -threads=4", [])]:  # more threads than its cores
+                            ("llvm -mcpu=znver3 -mattr=+avx2 -threads=4", []),  # more threads than its cores
+                            ("llvm -mcpu=znver3 -mattr=+avx2,+avx512f -threads=2", [])]:  # a feature it lacks
         assert [a for a in (h100, a100, blind, cpu) if a.serves(Target.parse(target))] == serving

@@ -16,7 +16,7 @@ from functools import cache
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from search_space.target import VECTOR_FEATURES, Target
+from search_space.target import VECTOR_FEATURES, Target, host_target, lacked_features
 
 
 class CompileError(RuntimeError):
@@ -101,6 +101,10 @@ def _optimised(module: ir.Module, tm: llvm.TargetMachine) -> llvm.ModuleRef:
 
 
 def compile_module(module: ir.Module, target: Target) -> Compiled:
+    """Machine code to run here: a target that asks for a vector feature this CPU lacks is refused, not compiled."""
+    if lacked := lacked_features(target, host_target().features):
+        raise CompileError(f"target {str(target)!r} asks for {lacked}, which this host's CPU lacks: its code can be "
+                           f"printed here (`tensortune show --source` or `--asm`), not run")
     tm = target_machine(target.model, target.features)
     parsed = _optimised(module, tm)
     engine = llvm.create_mcjit_compiler(parsed, tm)

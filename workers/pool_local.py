@@ -24,6 +24,7 @@ from typing import Sequence
 from threadpoolctl import threadpool_limits
 
 from search_space import Target, host_target
+from search_space.target import lacked_features
 
 from .host_lock import HostLock, default_path
 from .pool import NoWorkerHost, PoolOptions
@@ -109,13 +110,16 @@ def local_cpu_problem(target: Target) -> str:
     this one and stored under that model's name, and a kernel for more threads than the host has cores would be
     timed with its threads taking turns and stored as if each had a core."""
     host = host_target()
-    return cpu_problem(target, host.model, host.threads) if target.kind == "llvm" else ""
+    return cpu_problem(target, host.model, host.threads, host.features) if target.kind == "llvm" else ""
 
 
-def cpu_problem(target: Target, model: str, cores: int) -> str:
-    """Why a host of CPU `model` with `cores` cannot time code for the llvm `target` ("" when it can)."""
+def cpu_problem(target: Target, model: str, cores: int, features: tuple[str, ...]) -> str:
+    """Why a host of CPU `model` with `cores` and vector `features` cannot time code for the llvm `target` ("" when
+    it can)."""
     if target.model != model:
         return f"this host's CPU is {model}, not {target.model}"
+    if lacked := lacked_features(target, features):
+        return f"this host's CPU lacks {lacked}, which the target asks for"
     if target.threads > cores:
         return f"this host has {cores} cores, not the {target.threads} the target's threads need"
     return ""

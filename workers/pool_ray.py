@@ -48,17 +48,18 @@ class HostAgent:
         self.pool = LocalPool(replace(options, workers=workers))
         self.lock = threading.Lock()
 
-    def describe(self) -> tuple[str, str, int, str, int]:
-        """(node, model, pid, arch, cores): the CPU model and the cores this process may use (not the node's `CPU`
-        resource, a scheduling count), or the GPU's name and architecture ("" where CuPy sees none)."""
+    def describe(self) -> tuple[str, str, int, str, int, tuple[str, ...]]:
+        """(node, model, pid, arch, cores, features): the CPU model, the cores this process may use (not the node's
+        `CPU` resource, a scheduling count) and its vector features, or the GPU's name and architecture ("" where
+        CuPy sees none)."""
         if self.kind == "llvm":
             host = host_target()
-            return self.node, host.model, os.getpid(), "", host.threads
+            return self.node, host.model, os.getpid(), "", host.threads, host.features
         try:
             gpu = host_gpu()
         except NoGpu:
-            return self.node, "", os.getpid(), "", 0
-        return self.node, gpu.name, os.getpid(), gpu.arch, 0
+            return self.node, "", os.getpid(), "", 0, ()
+        return self.node, gpu.name, os.getpid(), gpu.arch, 0, ()
 
     def measure(self, tasks: Sequence[Task], options: MeasureOptions) -> list[MeasureResult]:
         with self.lock:
@@ -74,13 +75,14 @@ class Agent:
     node: str
     arch: str = ""  # cuda: the GPU's sm_XY
     cores: int = 0  # llvm: the cores its host's kernels may run on
+    features: tuple[str, ...] = ()  # llvm: its CPU's vector features
 
     def serves(self, target: Target) -> bool:
         if target.kind != self.kind:
             return False
         if target.kind == "cuda":
             return bool(self.arch) and self.arch == target.arch and (not target.model or target.model == self.model)
-        return not cpu_problem(target, self.model, self.cores)
+        return not cpu_problem(target, self.model, self.cores, self.features)
 
     @property
     def label(self) -> str:
@@ -125,8 +127,8 @@ class RayPool:
                 gpu = {"num_gpus": 1} if self.options.gpu_resource == "GPU" else {"resources": {self.options.gpu_resource: 1}}
                 started.append(("cuda", remote.options(num_cpus=0, **gpu, **placement).remote(self.options, 1, "cuda")))
         described = ray.get([handle.describe.remote() for _, handle in started], timeout=self.options.start_timeout)
-        return [Agent(handle, kind, model, node, arch, cores)
-                for (kind, handle), (node, model, _, arch, cores) in zip(started, described)]
+        return [Agent(handle, kind, model, node, arch, cores, features)
+                for (kind, handle), (node, model, _, arch, cores, features) in zip(started, described)]
 
     @property
     def pids(self) -> list[int]:
