@@ -1,7 +1,11 @@
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from search_space import Target, format_program, get_space, lower, matmul
-from search_space.program import Loop, walk
+from search_space.program import Affine, Buffer, Loop, var, walk
 from service.cli import app
 
 
@@ -34,3 +38,20 @@ def test_tails_are_peeled_with_static_extents():
     assert 127 // 8 in extents["mo"] and 7 in extents["r"]  # 15 full row tiles, then a 7-row tail
     assert 13 in extents["l"] and 16 in extents["l"]  # the last 61 % 16 = 13 columns as a narrower vector
     assert "parallel" not in format_program(program)
+
+
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=5).flatmap(lambda shape: st.tuples(
+    st.just(tuple(shape)), st.none() | st.lists(st.integers(0, 50), min_size=len(shape), max_size=len(shape)),
+    st.lists(st.tuples(st.dictionaries(st.sampled_from("abc"), st.integers(-3, 3)), st.integers(-5, 5)),
+             min_size=len(shape), max_size=len(shape)))), st.dictionaries(st.sampled_from("abc"), st.integers(-4, 4),
+                                                                          min_size=3))
+def test_a_buffers_flat_offset_is_each_dimensions_index_times_its_stride(case, at):
+    """Row-major where no strides are given; the offset's terms are the variables left with a coefficient."""
+    shape, strides, parts = case
+    buffer = Buffer("x", shape, "input", strides=tuple(strides) if strides is not None else None)
+    index = tuple(sum((var(n) * c for n, c in terms.items()), Affine()) + const for terms, const in parts)
+    steps = strides or [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    value = lambda a: a.const + sum(c * at[n] for n, c in a.terms)
+    offset = buffer.flat(index)
+    assert value(offset) == sum(value(i) * s for i, s in zip(index, steps))
+    assert all(c for _, c in offset.terms) and len(offset.names) == len(set(offset.names))

@@ -29,6 +29,7 @@ groups (`interleaved_copy`) and a square block transposed (`transposed_copy`).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -54,6 +55,15 @@ class _BFloat(ir.types._BaseFloatType):
 
 _BFloat._create_instance()
 BF16 = _BFloat()
+
+
+@functools.cache
+def vector_type(element: ir.Type, width: int) -> ir.VectorType:
+    """One type object for each vector shape: llvmlite prints a type it has printed before from a cache, and a new
+    one spelled the same is formatted and hashed (by its text) anew at each of a micro-kernel's thousands of uses."""
+    return ir.VectorType(element, width)
+
+
 ELEMENTS = {"float32": F32, "bfloat16": I16, "uint8": I8, "int8": I8, "int32": I32}  # how elements are held in memory
 SIGNED = ("int8", "int32")
 # (source, destination) dtypes of the copies emitted as whole vectors: the bits moved, or bfloat16 widened
@@ -120,17 +130,20 @@ class _Function:
     builder: ir.IRBuilder
     pointers: dict[str, ir.Value]
     env: dict = field(default_factory=dict)
-    # index sums already emitted, one dict per open block scope: reused while they dominate
-    sums: list[dict] = field(default_factory=lambda: [{}])
+    # index sums and addresses already emitted, reused while they dominate: by key, and each open block scope's
+    # keys, dropped as it closes (one lookup a value, not one a scope: a micro-kernel looks up thousands)
+    sums: dict = field(default_factory=dict)
+    scopes: list[list] = field(default_factory=lambda: [[]])
     # values loaded or stored in the current basic block, by (buffer, index, shape): reused until it ends.
     # Buffers are noalias, so a store invalidates only its own buffer's entries.
     known: dict = field(default_factory=dict)
 
     def scoped(self, emit) -> None:
-        self.sums.append({})
+        self.scopes.append([])
         self.known.clear()
         emit()
-        self.sums.pop()
+        for key in self.scopes.pop():
+            del self.sums[key]
         self.known.clear()
 
     def forget(self, buffer: str) -> None:
@@ -147,6 +160,7 @@ class LLVMCodegen:
         self._intrinsics: dict[str, ir.Function] = {}
         self._subroutines: dict[tuple, ir.Function] = {}
         self._configured: Shape | None = None  # the tile configuration the function being emitted runs under
+        self._offsets: dict[tuple, tuple] = {}  # (id of an access's index, buffer): (the index, kept alive; offset)
 
     def generate(self) -> ir.Module:
         for stage in self.program.stages:
@@ -330,8 +344,8 @@ class LLVMCodegen:
                                f"{', '.join(self.features) or 'no vector features'}")
         q, r, c = nest.var, rows.var, columns.var
         terms, g = op.args[:-1], (len(op.args) - 1) // 2
-        offsets = [x.buffer.flat(x.index) for x in terms]
-        a_offset, b_offset, c_offset = offsets[0], offsets[1], store.buffer.flat(store.index)
+        offsets = [self.offset(x) for x in terms]
+        a_offset, b_offset, c_offset = offsets[0], offsets[1], self.offset(store)
         steps = (a_offset.coeff(q), a_offset.coeff(c), b_offset.coeff(c), b_offset.coeff(r), c_offset.coeff(q),
                  c_offset.coeff(c))
         if (op.args[-1] != Load(store.buffer, store.index) or offsets != [o + j for j in range(g) for o in offsets[:2]]
@@ -359,13 +373,13 @@ class LLVMCodegen:
             f.env[group.var] = j
             parts.append(self.load(f, store.value, vector, raw=True))
         while len(parts) > 1:  # concatenated pairwise (g is a power of two): [src_0 | src_1 | ...]
-            parts = [b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, 2 * x.type.count), list(range(2 * x.type.count))))
+            parts = [b.shuffle_vector(x, y, ir.Constant(vector_type(I32, 2 * x.type.count), list(range(2 * x.type.count))))
                      for x, y in zip(parts[::2], parts[1::2])]
         lanes = [j * width + lane for lane in range(width) for j in range(g)]
         value = b.shuffle_vector(parts[0], ir.Constant(parts[0].type, ir.Undefined),
-                                 ir.Constant(ir.VectorType(I32, g * width), lanes))
+                                 ir.Constant(vector_type(I32, g * width), lanes))
         f.env[group.var] = 0
-        address = self.address(f, store.buffer, self.index_parts(f, store.buffer.flat(store.index), vector), value.type)
+        address = self.address(f, store.buffer, self.index_parts(f, self.offset(store), vector), value.type)
         del f.env[group.var]
         f.forget(store.buffer.name)
         b.store(value, address, align=store.buffer.itemsize)
@@ -382,7 +396,7 @@ class LLVMCodegen:
             lines.append(self.load(f, store.value, vector, raw=True))
         bit = 1
         while bit < width:
-            lanes = ir.VectorType(I32, width)
+            lanes = vector_type(I32, width)
             low = ir.Constant(lanes, [c if not c & bit else width + (c ^ bit) for c in range(width)])
             high = ir.Constant(lanes, [c ^ bit if not c & bit else width + c for c in range(width)])
             for r in range(width):
@@ -391,7 +405,7 @@ class LLVMCodegen:
                                                 b.shuffle_vector(lines[r], lines[r | bit], high))
             bit *= 2
         f.forget(store.buffer.name)
-        offset = store.buffer.flat(store.index)
+        offset = self.offset(store)
         for lane, line in enumerate(lines):  # line `lane` holds lane `lane` of every source row: a destination row
             f.env[vector.var], f.env[rows.var] = lane, 0
             if store.buffer.dtype != store.value.buffer.dtype:
@@ -406,7 +420,7 @@ class LLVMCodegen:
             value = self.load(f, stmt.value, vector, raw=True)  # a copy (packing): the bits, not a round trip
         else:
             value = narrow(b, self.value(f, stmt.value, vector), buffer.dtype)
-        offset = buffer.flat(stmt.index)
+        offset = self.offset(stmt)
         stride = offset.coeff(vector.var) if vector else 0
         if vector and stride == 0:
             raise CodegenError(f"store to {buffer.name} does not move with vectorized loop {vector.var}")
@@ -425,10 +439,18 @@ class LLVMCodegen:
 
     def prefetch(self, f: _Function, stmt: Prefetch) -> None:
         """`llvm.prefetch` (read, into every cache level, data) of the cache line `lead` elements on."""
-        parts = self.index_parts(f, stmt.buffer.flat(stmt.index) + stmt.lead, None)
+        parts = self.index_parts(f, self.offset(stmt) + stmt.lead, None)
         address = self.address(f, stmt.buffer, parts, ELEMENTS[stmt.buffer.dtype])
         hint = self._extern("llvm.prefetch.p0", ir.VoidType(), [address.type, I32, I32, I32])
         f.builder.call(hint, [address, *(ir.Constant(I32, n) for n in (0, 3, 1))])
+
+    def offset(self, access: Load | Store | Prefetch) -> Affine:
+        """The element offset of a load, store or prefetch, flattened once per index: an unrolled micro-kernel
+        emits the same accesses hundreds of times."""
+        key = id(access.index), access.buffer.name
+        if (known := self._offsets.get(key)) is None:
+            known = self._offsets[key] = access.index, access.buffer.flat(access.index)
+        return known[1]
 
     @staticmethod
     def _key(buffer: Buffer, parts: tuple, shape) -> tuple:
@@ -438,10 +460,10 @@ class LLVMCodegen:
     # --- values ----------------------------------------------------------------------------
     def value(self, f: _Function, value: Value, vector: _Vector | None):
         b = f.builder
-        vt = ir.VectorType(F32, vector.width) if vector else F32
+        vt = vector_type(F32, vector.width) if vector else F32
         if isinstance(value, Const):
             scalar = I32 if isinstance(value.value, int) else F32
-            return splat_constant(ir.VectorType(scalar, vector.width) if vector else scalar, value.value)
+            return splat_constant(vector_type(scalar, vector.width) if vector else scalar, value.value)
         if isinstance(value, Load):
             return self.load(f, value, vector)
         if value.name in PRODUCTS:
@@ -483,10 +505,10 @@ class LLVMCodegen:
         `raw`."""
         b, buffer = f.builder, load.buffer
         elem, align = ELEMENTS[buffer.dtype], buffer.itemsize
-        offset = buffer.flat(load.index)
+        offset = self.offset(load)
         stride = offset.coeff(vector.var) if vector else 0
         if vector and stride not in (0, 1):
-            lanes = ir.Constant(ir.VectorType(elem, vector.width), ir.Undefined)
+            lanes = ir.Constant(vector_type(elem, vector.width), ir.Undefined)
             for lane in range(vector.width):  # gather
                 f.env[vector.var] = lane
                 address = self.address(f, buffer, self.index_parts(f, offset, None), elem)
@@ -494,7 +516,7 @@ class LLVMCodegen:
             del f.env[vector.var]
             return lanes if raw else widen(b, lanes, buffer.dtype)
         parts = self.index_parts(f, offset, vector)
-        typ = ir.VectorType(elem, vector.width) if vector else elem
+        typ = vector_type(elem, vector.width) if vector else elem
         key = self._key(buffer, parts, typ if stride == 1 else ("broadcast", typ))
         if key not in f.known:
             shape = typ if stride == 1 else elem
@@ -510,13 +532,13 @@ class LLVMCodegen:
         g, dtypes = len(terms) // 2, GROUP_DOTS[op.name]
         if not vector or not all(isinstance(x, Load) and x.buffer.dtype == dtypes[i % 2] for i, x in enumerate(terms)):
             return None
-        offsets = [x.buffer.flat(x.index) for x in terms]
+        offsets = [self.offset(x) for x in terms]
         a0, b0 = offsets[:2]
         if offsets != [o + j for j in range(g) for o in (a0, b0)] or (a0.coeff(vector.var), b0.coeff(vector.var)) != (0, g):
             return None
         b = f.builder
         group = lambda load, offset, typ: self.address(f, load.buffer, self.index_parts(f, offset, vector), typ)
-        words = ir.VectorType(I32, vector.width)
+        words = vector_type(I32, vector.width)
         align = terms[0].buffer.itemsize
         a_group = self.splat(b, b.load(group(terms[0], a0, I32), typ=I32, align=align), vector.width)
         b_groups = b.load(group(terms[1], b0, words), typ=words, align=align)
@@ -530,7 +552,7 @@ class LLVMCodegen:
         b = f.builder
         a_group, b_groups = groups
         if name in SPECIAL_DOTS and vector.width in WIDTHS and (vector.width == 16 or "avx512vl" in self.features):
-            operand = ir.VectorType(BF16, 2 * vector.width) if name == "dot2_bf16" else a_group.type
+            operand = vector_type(BF16, 2 * vector.width) if name == "dot2_bf16" else a_group.type
             fn = self._extern(f"{SPECIAL_DOTS[name][1]}.{WIDTHS[vector.width]}", acc.type, [acc.type, operand, operand])
             return b.call(fn, [acc, b.bitcast(a_group, operand), b.bitcast(b_groups, operand)])
         if name == "dot4" and (intrinsic := pmaddwd(vector.width, self.features)):
@@ -546,7 +568,7 @@ class LLVMCodegen:
         """acc + Σ_j a_j·b_j over uint8 quads a and int8 quads b, as two pmaddwd of 16-bit halves: bytes 0 and 2
         widened in place (A's by a mask, B's by shifts up and back with the sign), then bytes 1 and 3 (shifted down).
         Each lane of a pmaddwd sums two products of at most 255·128 in magnitude: exact in 32 bits."""
-        halves = ir.VectorType(I16, 2 * acc.type.count)
+        halves = vector_type(I16, 2 * acc.type.count)
         a16, b16 = b.bitcast(a_group, halves), b.bitcast(b_groups, halves)
         const = lambda n: splat_constant(halves, n)
         pmaddwd = self._extern(intrinsic, acc.type, [halves, halves])
@@ -558,16 +580,16 @@ class LLVMCodegen:
         """acc + Σ_j a_j·b_j over uint8 quads a and int8 quads b, as fbgemm's AVX2 kernels multiply: pmaddubsw sums
         byte pairs into int16 lanes (saturating: exact while a ≤ 127, as |2 · 127 · -128| < 2^15), pmaddwd by ones
         sums the lanes' pairs into int32."""
-        pairs, halves = ir.VectorType(I8, 4 * acc.type.count), ir.VectorType(I16, 2 * acc.type.count)
+        pairs, halves = vector_type(I8, 4 * acc.type.count), vector_type(I16, 2 * acc.type.count)
         product = self._extern(intrinsic, halves, [pairs, pairs])
         sums = b.call(product, [b.bitcast(a_group, pairs), b.bitcast(b_groups, pairs)])
         return b.add(acc, b.call(self._extern(words, acc.type, [halves, halves]), [sums, splat_constant(halves, 1)]))
 
     @staticmethod
     def splat(b: ir.IRBuilder, scalar, width: int):
-        vt = ir.VectorType(scalar.type, width)
+        vt = vector_type(scalar.type, width)
         one = b.insert_element(ir.Constant(vt, ir.Undefined), scalar, ir.Constant(I32, 0))
-        return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, width), [0] * width))
+        return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), splat_constant(vector_type(I32, width), 0))
 
     def rational(self, f: _Function, x, vt, clamp: float, odd: tuple, even: tuple):
         """x·P(x²)/Q(x²) on x clamped to [-clamp, clamp] (tanh, erf): Horner's rule in FMAs."""
@@ -629,10 +651,9 @@ class LLVMCodegen:
     @staticmethod
     def _memo(f: _Function, key: tuple, emit) -> ir.Value:
         """A pure value (index sum, address) emitted once per open scope, where it dominates later uses."""
-        for scope in reversed(f.sums):
-            if key in scope:
-                return scope[key]
-        f.sums[-1][key] = value = emit()
+        if (value := f.sums.get(key)) is None:
+            f.sums[key] = value = emit()
+            f.scopes[-1].append(key)
         return value
 
     def address(self, f: _Function, buffer: Buffer, parts: tuple, typ: ir.Type):
@@ -763,7 +784,7 @@ def _scalar(value) -> ir.Type:
 
 def _like(value, typ: ir.Type) -> ir.Type:
     """`typ`, or a vector of it as wide as `value` when that is a vector."""
-    return ir.VectorType(typ, value.type.count) if isinstance(value.type, ir.VectorType) else typ
+    return vector_type(typ, value.type.count) if isinstance(value.type, ir.VectorType) else typ
 
 
 def _const(value, typ: ir.Type, number: int) -> ir.Constant:
