@@ -142,7 +142,7 @@ class Buffer:
 
     def flat(self, index: tuple[Affine, ...]) -> Affine:
         """Element offset of an index: through the strides where given, else row-major (its terms in the order of
-        their first dimension from the last). Summed in one pass, not an Affine a dimension (a 5-d index 6 µs, not
+        their first dimension from the last). Summed in one pass, not an Affine a dimension (a 5-d index 5-6 µs, not
         21): code generation and the cost model's features take the offset of every access."""
         row_major = self.strides is None
         dims = reversed(tuple(zip(index, _row_major(self.shape)))) if row_major else zip(index, self.strides)

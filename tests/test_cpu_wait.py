@@ -23,7 +23,7 @@ from workers.task import MeasureOptions
 WORKLOAD = matmul(32, 32, 32)
 # a vector feature this CPU lacks (an Intel Xeon with AMX lacks none of these)
 LACKED = next((f for f in ("avx512f", "avx512bf16", "amx-tile", "amx-int8") if f not in host_target().features), "")
-WIDER = f"llvm -mattr={','.join(f'+{f}' for f in host_target().features + (LACKED,))} -threads=1"  # this CPU and it
+WIDER = f"llvm -mattr={','.join(f'+{f}' for f in host_target().features + (LACKED,))} -threads=1" if LACKED else ""
 JOB = {"workload": {"op": "matmul", "params": {"M": 32, "N": 32, "K": 32}}, "trials": 4, "tuner": "random"}
 
 

@@ -107,8 +107,9 @@ def with_wait(reply: Built | Checked | MeasureResult, waited: float, locked: boo
 
 def local_cpu_problem(target: Target) -> str:
     """Why this host cannot time code for `target`'s CPU ("" when it can): another model's code would be timed on
-    this one and stored under that model's name, and a kernel for more threads than the host has cores would be
-    timed with its threads taking turns and stored as if each had a core."""
+    this one and stored under that model's name, code of a vector feature this CPU lacks cannot run here, and a
+    kernel for more threads than the host has cores would be timed with its threads taking turns and stored as if
+    each had a core."""
     host = host_target()
     return cpu_problem(target, host.model, host.threads, host.features) if target.kind == "llvm" else ""
 
