@@ -47,17 +47,20 @@ class NoWorkerHost(LookupError):
     after the service), and a service on such a host may share the job queue, so a job waits for it
     (service/host_waits.py) rather than fails."""
 
-    def __init__(self, target: Target, hosts: str, pool: str = "Ray"):
+    def __init__(self, target: Target, hosts: str, pool: str = "Ray", lacking: str = ""):
         super().__init__(f"no {pool} worker host for target {str(target)!r}; hosts: {hosts}")
-        self.target = target
+        # `lacking`: the vector features the target asks for that the pool's hosts of its model lack
+        self.target, self.lacking = target, lacking
 
     @property
     def awaited(self) -> str:
-        """The host a job of the target waits for, e.g. 'a GPU worker (sm_90)'."""
+        """The host a job of the target waits for, e.g. 'a GPU worker (sm_90)', 'a CPU worker (znver3 with
+        avx512f)'."""
         if self.target.kind == "cuda":
             return f"a GPU worker ({', '.join(part for part in (self.target.arch, self.target.model) if part)})"
+        features = f" with {self.lacking}" if self.lacking else ""
         cores = f", {self.target.threads} cores" if self.target.threads > 1 else ""
-        return f"a CPU worker ({self.target.model}{cores})"
+        return f"a CPU worker ({self.target.model}{features}{cores})"
 
 
 class Pool(Protocol):

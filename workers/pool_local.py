@@ -212,7 +212,8 @@ class LocalPool:
         refused before a job is made (service/api.py, `tensortune tune`), or fails its candidates saying why."""
         if local_cpu_problem(target):
             host = host_target()
-            raise NoWorkerHost(target, f"llvm {host.model}, {host.threads} cores (this one)", pool="local")
+            lacking = lacked_features(target, host.features) if target.model == host.model else ""
+            raise NoWorkerHost(target, f"llvm {host.model}, {host.threads} cores (this one)", "local", lacking)
 
     def _wave(self, batch: Batch, slots: dict, options: MeasureOptions) -> None:
         """Build one candidate per worker in parallel, check them in parallel (nothing is timed: a BERT dense

@@ -27,6 +27,7 @@ from typing import Sequence
 
 from search_space import Target, host_target
 from search_space.gpu_device import NoGpu, host_gpu
+from search_space.target import lacked_features
 
 from .pool import NoWorkerHost, PoolOptions, RayPoolOptions
 from .pool_local import LocalPool, cpu_problem
@@ -92,6 +93,13 @@ class Agent:
         return f"cuda {self.model or '(no GPU seen)'} {self.arch}".rstrip()
 
 
+def lacking(target: Target, agents: Sequence[Agent]) -> str:
+    """The vector features an llvm target asks for that no CPU host of its model has ("" where there is none of its
+    model: the model is what the job waits for)."""
+    same = [set(a.features) for a in agents if a.kind == "llvm" and a.model == target.model]
+    return lacked_features(target, set().union(*same)) if target.kind == "llvm" and same else ""
+
+
 class RayPool:
     def __init__(self, options: RayPoolOptions = RayPoolOptions()):
         import ray
@@ -142,7 +150,8 @@ class RayPool:
     def _serving(self, target: Target) -> list[Agent]:
         found = [a for a in self.agents if a.serves(target)]
         if not found:
-            raise NoWorkerHost(target, ", ".join(a.label for a in self.agents) or "none")
+            hosts = ", ".join(a.label for a in self.agents) or "none"
+            raise NoWorkerHost(target, hosts, lacking=lacking(target, self.agents))
         return found
 
     def require_host(self, target: Target) -> None:
