@@ -1,4 +1,5 @@
 """The suite's own runner options: a test that takes its worker process down fails, named, and the run ends."""
+import re
 import subprocess
 import sys
 import tomllib
@@ -21,4 +22,4 @@ def test_a_test_that_aborts_its_worker_fails_named_and_the_run_still_ends(tmp_pa
                           text=True, timeout=120)
     assert done.returncode == 1, done.stdout
     assert "crashed while running 'test_dies.py::test_dies'" in done.stdout
-    assert "1 failed, 2 passed" in done.stdout
+    assert re.search(r"\b1 failed, [23] passed", done.stdout)  # test_after runs or not, as xdist reassigns the file
