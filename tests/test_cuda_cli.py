@@ -18,7 +18,8 @@ from service.api import create_app
 from service.cli import app
 from service.runner import Runner, RunnerOptions
 from workers.nvrtc import compile_cuda
-from workers.pool_ray import Agent, lacking
+from workers.pool import lacking
+from workers.pool_ray import Agent
 
 NO_GPU = local_gpu_problem("sm_90")
 MATMUL = ["matmul", "M=64", "N=48", "K=40"]
@@ -92,6 +93,7 @@ def test_cuda_candidates_go_only_to_agents_with_a_gpu_of_the_target():
                             ("llvm -mcpu=znver3 -mattr=+avx2,+avx512f -threads=2", [])]:  # a feature it lacks
         assert [a for a in (h100, a100, blind, cpu) if a.serves(Target.parse(target))] == serving
     # what a job no agent serves waits for: the features its model's hosts lack, none where no host is of its model
-    assert [lacking(Target.parse(target), (h100, cpu)) for target in (
+    cpus = [(a.model, a.features) for a in (h100, cpu) if a.kind == "llvm"]
+    assert [lacking(Target.parse(target), cpus) for target in (
         "llvm -mcpu=znver3 -mattr=+avx2,+avx512f,+avx512bw -threads=2", "llvm -mcpu=znver4 -mattr=+avx512f -threads=2",
         "cuda -arch=sm_90")] == ["avx512bw, avx512f", "", ""]

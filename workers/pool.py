@@ -6,9 +6,10 @@ whatever the candidates do to the processes that run them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 from search_space import Target
+from search_space.target import lacked_features
 
 from .result import MeasureResult
 from .task import MeasureOptions, Task
@@ -40,6 +41,13 @@ class RayPoolOptions(PoolOptions):
     gpu_resource: str = "GPU"  # the resource a cuda host advertises (tests use a fake one)
     max_restarts: int = 3  # per agent actor
     watchdog_slack: float = 30.0  # seconds beyond the batch's timeouts before an agent counts as stuck
+
+
+def lacking(target: Target, hosts: Iterable[tuple[str, tuple[str, ...]]]) -> str:
+    """The vector features an llvm target asks for that no CPU host of its model has, of `hosts` as (model,
+    features) ("" where none is of its model: the model is what a job waits for)."""
+    same = [set(features) for model, features in hosts if model == target.model]
+    return lacked_features(target, set().union(*same)) if target.kind == "llvm" and same else ""
 
 
 class NoWorkerHost(LookupError):

@@ -27,7 +27,7 @@ from search_space import Target, host_target
 from search_space.target import lacked_features
 
 from .host_lock import HostLock, default_path
-from .pool import NoWorkerHost, PoolOptions
+from .pool import NoWorkerHost, PoolOptions, lacking
 from .result import MeasureResult, Outcome
 from .task import Built, Checked, MeasureOptions, Task, build_step, check_step, failed, time_step
 from .timing import host_flush_buffer
@@ -212,8 +212,8 @@ class LocalPool:
         refused before a job is made (service/api.py, `tensortune tune`), or fails its candidates saying why."""
         if local_cpu_problem(target):
             host = host_target()
-            lacking = lacked_features(target, host.features) if target.model == host.model else ""
-            raise NoWorkerHost(target, f"llvm {host.model}, {host.threads} cores (this one)", "local", lacking)
+            raise NoWorkerHost(target, f"llvm {host.model}, {host.threads} cores (this one)", "local",
+                               lacking(target, [(host.model, host.features)]))
 
     def _wave(self, batch: Batch, slots: dict, options: MeasureOptions) -> None:
         """Build one candidate per worker in parallel, check them in parallel (nothing is timed: a BERT dense

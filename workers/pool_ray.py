@@ -27,9 +27,8 @@ from typing import Sequence
 
 from search_space import Target, host_target
 from search_space.gpu_device import NoGpu, host_gpu
-from search_space.target import lacked_features
 
-from .pool import NoWorkerHost, PoolOptions, RayPoolOptions
+from .pool import NoWorkerHost, PoolOptions, RayPoolOptions, lacking
 from .pool_local import LocalPool, cpu_problem
 from .result import MeasureResult, Outcome
 from .task import MeasureOptions, Task, failed
@@ -93,13 +92,6 @@ class Agent:
         return f"cuda {self.model or '(no GPU seen)'} {self.arch}".rstrip()
 
 
-def lacking(target: Target, agents: Sequence[Agent]) -> str:
-    """The vector features an llvm target asks for that no CPU host of its model has ("" where there is none of its
-    model: the model is what the job waits for)."""
-    same = [set(a.features) for a in agents if a.kind == "llvm" and a.model == target.model]
-    return lacked_features(target, set().union(*same)) if target.kind == "llvm" and same else ""
-
-
 class RayPool:
     def __init__(self, options: RayPoolOptions = RayPoolOptions()):
         import ray
@@ -151,7 +143,8 @@ class RayPool:
         found = [a for a in self.agents if a.serves(target)]
         if not found:
             hosts = ", ".join(a.label for a in self.agents) or "none"
-            raise NoWorkerHost(target, hosts, lacking=lacking(target, self.agents))
+            cpus = [(a.model, a.features) for a in self.agents if a.kind == "llvm"]
+            raise NoWorkerHost(target, hosts, lacking=lacking(target, cpus))
         return found
 
     def require_host(self, target: Target) -> None:
