@@ -1,8 +1,13 @@
 """Suite-wide set-up."""
+import os
+import shutil
 import signal
 import sys
+import tempfile
 
 import pytest
+
+from workers.object_cache import ENV
 
 
 def pytest_configure(config):
@@ -11,6 +16,14 @@ def pytest_configure(config):
     the tests that press Ctrl-C on `tune` and `serve` would wait for an interruption that never comes."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # kernels' machine code is cached in a directory of this process's own, which the commands it starts inherit,
+    # empty at the start as on a fresh machine and removed at the end: not in the user's, where the suite's
+    # thousands of kernels would push out those of the user's models
+    config.object_cache = os.environ[ENV] = tempfile.mkdtemp(prefix="tensortune-objects-")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(getattr(config, "object_cache", ""), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

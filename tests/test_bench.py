@@ -8,9 +8,11 @@ import pytest
 
 from typer.testing import CliRunner
 
+from bench import startup
 from bench.kernels import bench_shape
 from search_space import Target, Workload, matmul
 from service.cli import app
+from tests.test_cli_model import MODEL_FILE
 from workers import openblas
 
 FIELDS = {"workload", "threads", "gflops", "numpy_gflops", "torch_gflops", "ratio", "peak_fraction", "config",
@@ -173,3 +175,15 @@ def test_bench_kernels_search_measures_the_templates_seeds_first():
     first = {c.index for c in [fallback_config(workload, target), *seed_configs(workload, target)]}
     best, tried = search(workload, target, trials=len(first), seed=0, min_repeat_ms=1.0)
     assert tried == len(first) and best.config.index in first
+
+
+def test_bench_startup_loads_every_kernel_from_the_cache_at_the_second_start(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    (tmp_path / "models.py").write_text(MODEL_FILE)
+    db, model = f"sqlite:///{tmp_path}/empty.db", f"{tmp_path}/models.py:tiny"
+    cold = startup.run(model, False, db, str(tmp_path / "objects"))
+    warm = startup.run(model, False, db, str(tmp_path / "objects"))
+    assert cold["kernels"] == warm["kernels"] >= 2 and cold["cached"] == 0 and warm["cached"] == warm["kernels"]
+    startup.main([model, "--db", db, "--rounds", "1"])
+    table = capsys.readouterr().out
+    assert "(2 kernels, 0 loaded)" in table and "(2 kernels, 2 loaded)" in table and "as fast" in table

@@ -9,6 +9,7 @@ from search_space import Config, Program, Target, Workload, current_config, get_
 from .kernel import Kernel, cfunc
 from .llvm_codegen import generate
 from .llvm_jit import Compiled, compile_module, emit_assembly, target_machine
+from .object_cache import ObjectCache, object_cache
 from .untuned import untuned_config
 
 
@@ -25,11 +26,12 @@ def resolve_config(workload: Workload, target: Target, config: Config | dict | i
     return space.get(space.index_of(dict(config.values)))
 
 
-def compile_program(program: Program, target: Target) -> tuple[list[Callable], Compiled]:
+def compile_program(program: Program, target: Target, cache: ObjectCache | None = None
+                    ) -> tuple[list[Callable], Compiled]:
     """Machine code for each stage of a program, as ctypes functions over the memory buffers."""
     if target.kind != "llvm":
         raise NotImplementedError(f"no code generator for target kind {target.kind!r} yet")
-    compiled = compile_module(generate(program, target.threads, target.features), target)
+    compiled = compile_module(generate(program, target.threads, target.features), target, cache)
     n_pointers = len(program.scope("input", "output", "packed"))
     return [cfunc(compiled.address(stage.name), n_pointers) for stage in program.stages], compiled
 
@@ -51,9 +53,12 @@ def generated_assembly(program: Program, target: Target) -> str:
     return emit_assembly(generate(program, target.threads, target.features), target)
 
 
-def build(workload: Workload, target: Target | str = "llvm", config: Config | dict | int | None = None) -> Kernel:
+def build(workload: Workload, target: Target | str = "llvm", config: Config | dict | int | None = None, *,
+          cached: bool = True) -> Kernel:
     """Compile a kernel (a CudaKernel for a cuda target); with config=None the active dispatch context (e.g.
-    apply_history_best) chooses."""
+    apply_history_best) chooses. A CPU kernel's machine code comes from the object cache where this IR was compiled
+    for this machine before, and goes there otherwise, unless `cached` is False (tuning's candidates, each built
+    once)."""
     target = Target.parse(target)
     config = resolve_config(workload, target, config)
     start = time.perf_counter()
@@ -61,5 +66,5 @@ def build(workload: Workload, target: Target | str = "llvm", config: Config | di
     if target.kind == "cuda":  # CUDA C by NVRTC: needs no GPU until the kernel is called
         from .cuda_kernel import CudaKernel
         return CudaKernel.compile(workload, target, config, program)
-    stages, compiled = compile_program(program, target)
+    stages, compiled = compile_program(program, target, object_cache() if cached else None)
     return Kernel(workload, target, config, program, stages, compiled, time.perf_counter() - start)

@@ -20,6 +20,7 @@ from search_space.program import Stage, Store, loads, walk
 from search_space.workload import aligned_empty
 
 from .llvm_amx import LINE
+from .llvm_jit import Compiled
 
 
 class KernelArgumentError(ValueError):
@@ -66,11 +67,11 @@ def tile_reads(program: Program) -> set[str]:
 
 class Kernel:
     def __init__(self, workload: Workload, target: Target, config: Config, program: Program,
-                 stages: list[Callable], keepalive, compile_seconds: float):
+                 stages: list[Callable], compiled: Compiled, compile_seconds: float):
         self.workload, self.target, self.config, self.program = workload, target, config, program
         self.compile_seconds = compile_seconds
         self._stages = list(zip(program.stages, stages))
-        self._keepalive = keepalive
+        self.compiled = compiled  # its machine code: kept alive as long as the kernel
         self.inputs = program.scope("input")
         self.output = program.scope("output")[0]
         self._scratch = {b.name: aligned_empty(b.shape, b.dtype) for b in program.scope("packed")}

@@ -4,7 +4,7 @@ The target machine is built for the target's CPU model with the host's features,
 vector feature the target does not list (so a kernel tuned for AVX2 stays AVX2 on an
 AVX-512 host). Parallel loops call libgomp, loaded once into the process, which also asks Linux for AMX's
 tile registers where the CPU has them. Assembly for reading (`emit_assembly`) is made with exactly the target's vector features, host or not:
-it is never run.
+it is never run. A build may load the object of the same IR from a cache on disk instead (workers.object_cache).
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from search_space.target import VECTOR_FEATURES, Target, host_target, lacked_features
+
+from .object_cache import ObjectCache
 
 
 class CompileError(RuntimeError):
@@ -73,8 +75,12 @@ class Compiled:
     """A loaded module: keep it alive as long as its function addresses are used."""
 
     engine: llvm.ExecutionEngine
-    module: llvm.ModuleRef
+    module: llvm.ModuleRef | None  # the optimised module; None where its object came from the cache
     machine: llvm.TargetMachine  # owned by the engine
+
+    @property
+    def from_cache(self) -> bool:
+        return self.module is None
 
     def address(self, name: str) -> int:
         return self.engine.get_function_address(name)
@@ -83,14 +89,18 @@ class Compiled:
         return self.machine.emit_assembly(self.module)
 
 
-def _optimised(module: ir.Module, tm: llvm.TargetMachine) -> llvm.ModuleRef:
+def _ir_text(module: ir.Module, tm: llvm.TargetMachine) -> str:
     module.triple = tm.triple
     module.data_layout = str(tm.target_data)
+    return str(module)
+
+
+def _optimised(text: str, name: str, tm: llvm.TargetMachine) -> llvm.ModuleRef:
     try:
-        parsed = llvm.parse_assembly(str(module))
+        parsed = llvm.parse_assembly(text)
         parsed.verify()
     except RuntimeError as error:
-        raise CompileError(f"invalid LLVM IR for {module.name}: {error}") from error
+        raise CompileError(f"invalid LLVM IR for {name}: {error}") from error
     # The IR is already vectorized and unrolled as the config says: LLVM's own loop vectorizer,
     # SLP and unroller would only second-guess the knobs and triple the optimisation time.
     options = llvm.create_pipeline_tuning_options(speed_level=2)
@@ -100,19 +110,36 @@ def _optimised(module: ir.Module, tm: llvm.TargetMachine) -> llvm.ModuleRef:
     return parsed
 
 
-def compile_module(module: ir.Module, target: Target) -> Compiled:
-    """Machine code to run here: a target that asks for a vector feature this CPU lacks is refused, not compiled."""
+def compile_module(module: ir.Module, target: Target, cache: ObjectCache | None = None) -> Compiled:
+    """Machine code to run here: a target that asks for a vector feature this CPU lacks is refused, not compiled.
+    With a `cache`, the object LLVM made of the same IR for this machine before is loaded from it; else the one it
+    makes now is stored there."""
     if lacked := lacked_features(target, host_target().features):
         raise CompileError(f"target {str(target)!r} asks for {lacked}, which this host's CPU lacks: its code can be "
                            f"printed here (`tensortune show --source` or `--asm`), not run")
     tm = target_machine(target.model, target.features)
-    parsed = _optimised(module, tm)
+    text = _ir_text(module, tm)
+    key = cache.key(text, target.model, _feature_string(target.features)) if cache else ""
+    if key and (stored := cache.get(key)) is not None:
+        return _loaded(stored, tm)
+    parsed = _optimised(text, module.name, tm)
     engine = llvm.create_mcjit_compiler(parsed, tm)
+    if key:
+        engine.set_object_cache(notify_func=lambda _, data: cache.put(key, data))
     engine.finalize_object()
     return Compiled(engine, parsed, tm)
+
+
+def _loaded(data: bytes, tm: llvm.TargetMachine) -> Compiled:
+    """An engine running a stored object: MCJIT asks the cache for an empty module's code and is given it."""
+    empty = llvm.parse_assembly(f'target triple = "{tm.triple}"\ntarget datalayout = "{tm.target_data}"\n')
+    engine = llvm.create_mcjit_compiler(empty, tm)
+    engine.set_object_cache(getbuffer_func=lambda _: data)
+    engine.finalize_object()
+    return Compiled(engine, None, tm)
 
 
 def emit_assembly(module: ir.Module, target: Target) -> str:
     """The machine code a module becomes on the target, as text: for any target LLVM knows, this host's or not."""
     tm = target_machine(target.model, target.features, exact=True)
-    return tm.emit_assembly(_optimised(module, tm))
+    return tm.emit_assembly(_optimised(_ir_text(module, tm), module.name, tm))

@@ -24,6 +24,7 @@ from search_space.target import Target
 
 from .llvm_codegen import ELEMENTS, F32, I32, I64, PTR, VOID, LLVMCodegen, element, narrow, splat_constant, widen
 from .llvm_jit import Compiled, compile_module
+from .object_cache import object_cache
 
 DTYPES = ("float32", "bfloat16")
 LOG2E, LN2_HIGH, LN2_LOW = 1.44269504088896341, 0.693359375, -2.12194440e-4  # ln 2 in two parts, as Cephes
@@ -250,5 +251,5 @@ def softmax_kernel(n: int, dtype: str, target: Target, safe: bool, biased: bool)
     if dtype not in DTYPES:
         raise ValueError(f"softmax: dtype {dtype} is not one of {', '.join(DTYPES)}")
     module = softmax_module(n, dtype, vector_width(target.features), target.threads, safe, biased)
-    compiled = compile_module(module, target)
+    compiled = compile_module(module, target, object_cache())
     return SoftmaxKernel(n, dtype, safe, biased, compiled, CALL(compiled.address("softmax")))

@@ -73,7 +73,7 @@ class Task:
 
     def build(self) -> Kernel:
         workload, target = Workload.from_key(self.workload), Target.parse(self.target)
-        return build(workload, target, resolve_config(workload, target, json.loads(self.config)))
+        return build(workload, target, resolve_config(workload, target, json.loads(self.config)), cached=False)
 
 
 @dataclass
