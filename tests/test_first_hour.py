@@ -5,6 +5,7 @@ the jobs table keep what matters at 80 columns, and the small things (`--version
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -18,6 +19,7 @@ from db import Database
 from search_space import Target, conv2d, host_target
 from service.api import create_app
 from service.cli import app
+from workers.object_cache import ENV
 from tests.db_helpers import PG_URL, pg_schema
 from tests.serve_helpers import free_port, served_in_thread
 
@@ -65,7 +67,8 @@ def test_a_bad_db_is_one_line_naming_it_and_why_for_every_command(tmp_path):
 
 def tune_output(folder: Path, *extra: str, env: dict | None = None) -> str:
     done = subprocess.run(CLI + TUNE + ["--trials", "6", *extra], cwd=folder, capture_output=True, text=True,
-                          timeout=300, env={"COLUMNS": "80", "PATH": str(Path(sys.executable).parent)} | (env or {}))
+                          timeout=300, env={"COLUMNS": "80", "PATH": str(Path(sys.executable).parent),
+                                            ENV: os.environ[ENV]} | (env or {}))  # the suite's object cache
     assert done.returncode == 0, done.stderr
     return done.stdout + done.stderr
 
