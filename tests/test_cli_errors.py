@@ -23,10 +23,12 @@ from service.cli import app
 from tests.db_helpers import measurement
 from tests.serve_helpers import free_port, wait_for
 from tests.test_cli_model import MODEL_FILE
+from workers.object_cache import ENV as OBJECT_CACHE
 
 TUNE = ["tune", "matmul", "M=16", "N=16", "K=16", "--target", "llvm -threads=1", "--tuner", "random"]
 CLI = [str(Path(sys.executable).parent / "tensortune")]
-ENV = {"COLUMNS": "80", "PATH": str(Path(sys.executable).parent)}
+# a first-time user's bare shell, with the suite's object cache (tests/conftest.py), not the user's
+ENV = {"COLUMNS": "80", "PATH": str(Path(sys.executable).parent), OBJECT_CACHE: os.environ[OBJECT_CACHE]}
 RESUME_HINT = r"interrupted at \d+ of 200 trials: run the same command again to resume"
 
 

@@ -5,7 +5,6 @@ the jobs table keep what matters at 80 columns, and the small things (`--version
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import subprocess
@@ -19,8 +18,8 @@ from db import Database
 from search_space import Target, conv2d, host_target
 from service.api import create_app
 from service.cli import app
-from workers.object_cache import ENV
 from tests.db_helpers import PG_URL, pg_schema
+from tests.test_cli_errors import ENV as BARE
 from tests.serve_helpers import free_port, served_in_thread
 
 TUNE = ["tune", "matmul", "M=16", "N=16", "K=16", "--target", "llvm -threads=1", "--tuner", "random"]
@@ -67,8 +66,7 @@ def test_a_bad_db_is_one_line_naming_it_and_why_for_every_command(tmp_path):
 
 def tune_output(folder: Path, *extra: str, env: dict | None = None) -> str:
     done = subprocess.run(CLI + TUNE + ["--trials", "6", *extra], cwd=folder, capture_output=True, text=True,
-                          timeout=300, env={"COLUMNS": "80", "PATH": str(Path(sys.executable).parent),
-                                            ENV: os.environ[ENV]} | (env or {}))  # the suite's object cache
+                          timeout=300, env=BARE | (env or {}))
     assert done.returncode == 0, done.stderr
     return done.stdout + done.stderr
 
