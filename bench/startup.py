@@ -27,7 +27,7 @@ def first_call(spec: str, channels_last: bool, db: str | None) -> dict:
     import torch
 
     import frontend.shapes
-    from frontend.presets import in_channels_last, load_model
+    from frontend.presets import in_channels_last, load_model_at
 
     builds, cached = [], []
     build = frontend.shapes.build
@@ -40,10 +40,9 @@ def first_call(spec: str, channels_last: bool, db: str | None) -> dict:
         return kernel
 
     frontend.shapes.build = timed
-    model, inputs = load_model(spec)
-    if channels_last:
-        model, at = in_channels_last(model, {None: inputs})
-        inputs = at[None]
+    model, at = load_model_at(spec)
+    model, at = in_channels_last(model, at) if channels_last else (model, at)
+    inputs = at[None]
     start = time.perf_counter()
     with torch.no_grad():
         torch.compile(model, backend="tensortune", options={"db": db} if db else {})(*inputs)

@@ -18,7 +18,6 @@ import logging
 import os
 import tempfile
 from contextlib import suppress
-from functools import cache
 from pathlib import Path
 
 import llvmlite
@@ -93,8 +92,13 @@ class ObjectCache:
             total -= size
 
 
-@cache
+_SAID: set[str] = set()  # the directories said to be unwritable: once each, whatever the error (a temporary name in it)
+
+
 def _unwritable(directory: str, error: str) -> None:
+    if directory in _SAID:
+        return
+    _SAID.add(directory)
     log.warning(f"tensortune: kernels' machine code is not cached, as {directory} cannot be written ({error}); "
                 f"set {ENV} to a writable directory, or to off")
 
