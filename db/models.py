@@ -2,14 +2,15 @@
 
 Migrations (db/migrations) create these tables; the models are how the code reads and writes
 them. Workloads and targets are stored once each and referenced by id, so the best-config
-query is one seek on `ix_measurements_best` (workload, target, outcome, template version, median seconds).
+query is one seek on `ix_measurements_best` (workload, target, outcome, typical, template version, median
+seconds).
 """
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import (JSON, BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, String, Text,
-                        TypeDecorator, UniqueConstraint)
+from sqlalchemy import (JSON, BigInteger, Boolean, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, String,
+                        Text, TypeDecorator, UniqueConstraint, false)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from workers import Outcome
@@ -93,8 +94,9 @@ class JobRow(Base):
 class MeasurementRow(Base):
     __tablename__ = "measurements"
     __table_args__ = (
-        Index("ix_measurements_best", "workload_id", "target_id", "outcome", "template_version", "median_seconds",
-              "id"),
+        Index("ix_measurements_best", "workload_id", "target_id", "outcome", "typical", "template_version",
+              "median_seconds", "id"),
+        Index("ix_measurements_config", "workload_id", "target_id", "config_index"),
         Index("ix_measurements_job", "job_id"),
         CheckConstraint(f"outcome IN {tuple(o.value for o in Outcome)}", name="ck_measurements_outcome"),
     )
@@ -106,6 +108,8 @@ class MeasurementRow(Base):
     config_index: Mapped[int] = mapped_column(BigInteger)
     config: Mapped[dict] = mapped_column(JSON)  # {"index", "knobs"}; json, not jsonb, keeps knob order
     template_version: Mapped[int | None] = mapped_column(Integer)  # search_space.template_version; null: unversioned
+    # the config's typical ok measurement of its template version (db/typical.py): the one the best query ranks
+    typical: Mapped[bool] = mapped_column(Boolean, server_default=false())
     outcome: Mapped[str] = mapped_column(String(16))  # workers.Outcome value
     samples: Mapped[list] = mapped_column(JSON)  # seconds per call, every timing sample
     mean_seconds: Mapped[float | None] = mapped_column(Float)

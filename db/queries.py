@@ -4,14 +4,16 @@ workloads; which jobs are single jobs.
 They take a plain `Session` so that `Database` and `apply_history_best(session)` share them.
 The best-record query is two unique-key lookups and one seek on `ix_measurements_best`, for today's template
 version; a second seek reads unversioned records (imported AutoTVM logs), used where their config is in today's
-space. Records of any other version are configs of other code, and are never returned as best.
+space. Records of any other version are configs of other code, and are never returned as best. Both read each
+config's typical measurement only (db/typical.py): a config measured more than once counts at the upper median of
+its measurements, the slower of two, the middle of three, not at its luckiest.
 """
 from __future__ import annotations
 
 from itertools import count, islice
 from typing import Iterator
 
-from sqlalchemy import Integer, and_, bindparam, func, select
+from sqlalchemy import Integer, and_, bindparam, func, select, true
 from sqlalchemy.orm import Session, aliased
 
 from search_space import NoTemplate, Target, Workload, WorkloadError, get_space, template_version
@@ -29,11 +31,13 @@ _OF_PAIR = select(MeasurementRow).where(
     .scalar_subquery(),
     MeasurementRow.target_id == select(TargetRow.id).where(TargetRow.key == bindparam("target")).scalar_subquery())
 _OK = _OF_PAIR.where(MeasurementRow.outcome == Outcome.OK.value)
+# each config's typical ok measurement (db/typical.py): what a config's speed is taken to be
+_TYPICAL = _OK.where(MeasurementRow.typical == true())
 # The version follows the outcome in the index, so each of these is one seek read in order. Unversioned records
 # are ordered by their (null) version too: PostgreSQL takes `= :version` for a constant, but not `IS NULL`.
-BEST = (_OK.where(MeasurementRow.template_version == bindparam("version", type_=Integer))
+BEST = (_TYPICAL.where(MeasurementRow.template_version == bindparam("version", type_=Integer))
         .order_by(MeasurementRow.median_seconds, MeasurementRow.id).limit(bindparam("limit")))
-UNVERSIONED = (_OK.where(MeasurementRow.template_version.is_(None))
+UNVERSIONED = (_TYPICAL.where(MeasurementRow.template_version.is_(None))
                .order_by(MeasurementRow.template_version, MeasurementRow.median_seconds, MeasurementRow.id)
                .limit(bindparam("size")).offset(bindparam("offset")))
 PAGE = 64  # unversioned rows read at a time, until enough of them fit today's space
@@ -75,8 +79,8 @@ def applies(record: Record) -> bool:
 
 
 def best_records(session: Session, workload: Workload, target: Target, limit: int = 1) -> list[Record]:
-    """The fastest `ok` measurements (by median time) that apply today (`applies`), best first; ties go to the
-    earlier row. Empty where no template exists: no config applies there."""
+    """The fastest `ok` configs, each at its typical measurement (db/typical.py), that apply today (`applies`),
+    best first; ties go to the earlier row. Empty where no template exists: no config applies there."""
     try:
         version = template_version(workload, target)
     except NoTemplate:

@@ -29,6 +29,7 @@ from .outage import LockLost
 from .matching import nearest_shapes
 from .queries import (KNOWN, MODEL_JOB, SINGLE_JOB, applies, best_records, count_records, measurement_identities,
                       pair, stored_workloads, template_versions)
+from . import typical
 from .records import Record, measurement_values, record_from_row, target_from_row, target_values, workload_values
 
 FINISHED = ("done", "failed", "cancelled")
@@ -140,21 +141,29 @@ class Database:
         row = self._row(job_id, measure_input, result)
         with self.sessions() as session:
             new_id = session.scalar(insert(MeasurementRow).values(**row).returning(MeasurementRow.id))
+            session.execute(typical.OF_CONFIG, {key: row[key] for key in ("workload_id", "target_id", "config_index")})
             session.commit()
         return new_id
 
     def record_many(self, measurements: Iterable[tuple], job_id: int | None = None, batch: int = 10_000) -> int:
         """Store many measurements (an imported log, a benchmark fill), one transaction per batch: each a
         (MeasureInput, MeasureResult) pair made with today's template, or a triple whose third item is the
-        template version it was made with (None: unversioned)."""
-        count, rows = 0, []
+        template version it was made with (None: unversioned). The typical measurement of each config is flagged
+        once all are stored (db/typical.py), for each workload and target they are of: until then the best query
+        reads them as it read the rows before."""
+        count, rows, pairs = 0, [], set()
         with self.sessions() as session:
             for measured in measurements:
                 rows.append(self._row(job_id, *measured))
+                pairs.add((rows[-1]["workload_id"], rows[-1]["target_id"]))
                 if len(rows) == batch:
                     count += self._insert(session, rows)
                     rows = []
-            return count + self._insert(session, rows)
+            count += self._insert(session, rows)
+            for workload_id, target_id in sorted(pairs):
+                session.execute(typical.OF_PAIR, {"workload_id": workload_id, "target_id": target_id})
+            session.commit()
+            return count
 
     @staticmethod
     def _insert(session: Session, rows: list[dict]) -> int:

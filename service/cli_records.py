@@ -37,7 +37,8 @@ def describe(record: Record, same_config: int, total: int) -> dict:
 
 
 def stored_best(database, workload, target) -> dict | None:
-    """`describe` of the best stored measurement of the workload on the target; None when there is none."""
+    """`describe` of the best stored config of the workload on the target, as its typical measurement (the upper
+    median of its measurements, db/typical.py); None when there is none."""
     found = database.best(workload, target)
     if not found:
         return None

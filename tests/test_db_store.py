@@ -58,6 +58,30 @@ def test_best_orders_by_median_time_and_a_tie_by_the_earlier_row(database):
     assert [record.input.config.index for record in database.best(WORKLOAD, target, limit=3)] == [21, 30, 20]
 
 
+def test_a_config_measured_again_counts_at_its_typical_time(database):
+    """Config 40's first measurement is the fastest of all, but it was measured twice more, slower: its typical time
+    (the upper median of its measurements) is its middle one, behind 41's single one; 42, measured twice, counts at
+    the slower of its two. The record given for a config is that typical measurement."""
+    target = host_target()
+    for index, median in [(40, 1e-5), (41, 2e-5), (40, 3e-5), (42, 1.5e-5), (40, 5e-5), (42, 2.5e-5)]:
+        database.record(*measurement(WORKLOAD, target, index, median))
+    best = database.best(WORKLOAD, target, limit=3)
+    assert [(r.input.config.index, r.result.median) for r in best] == [(41, 2e-5), (42, 2.5e-5), (40, 3e-5)]
+    assert database.best(WORKLOAD, target)[0].input.config.index == 41
+
+
+def test_configs_measured_many_at_once_count_at_their_typical_times(database):
+    """Twenty configs were each once fast and twice slow, stored at once (as an import is); the one measured once,
+    at a time none of their fast ones beat, is the best, and a failed measurement counts for none."""
+    target = host_target()
+    lucky = range(100, 120)
+    database.record_many([measurement(WORKLOAD, target, index, 1e-5 + index * 1e-9) for index in lucky]
+                         + [measurement(WORKLOAD, target, index, 1e-3) for index in lucky for _ in range(2)]
+                         + [measurement(WORKLOAD, target, 99, 5e-4)]
+                         + [measurement(WORKLOAD, target, 99, 1e-7, Outcome.RUNTIME_ERROR) for _ in range(2)])
+    assert [r.input.config.index for r in database.best(WORKLOAD, target, limit=2)] == [99, 100]
+
+
 def test_a_record_reads_back_whole_and_is_committed_at_once(database, db_url):
     measure_input, result = measurement(WORKLOAD, host_target(), 7, 2e-5, phases={"build": 0.04, "time": 0.5})
     record_id = database.record(measure_input, result)

@@ -17,7 +17,7 @@ from db import Database
 from db.migrate import alembic_config, current_revision
 from db.models import MeasurementRow, TargetRow, WorkloadRow
 from db.records import measurement_values, target_values, workload_values
-from search_space import conv2d, host_target
+from search_space import conv2d, host_target, template_version
 from search_space.templates import conv2d as conv2d_template
 
 
@@ -82,6 +82,19 @@ def test_each_downgrade_restores_the_schema_of_the_revision_before(backend, tmp_
             assert schema(round_trips) == expected[step], f"upgrade to {revision} after its downgrade"
 
 
+def stored_at(engine: Engine, revision: str, workload, target, medians: list[tuple[int, float]], **columns) -> None:
+    """Migrate to `revision` and store a measurement of `workload` on `target` for each (config index, median
+    seconds), in the columns that revision has, `columns` added."""
+    migrate(engine, revision)
+    with engine.begin() as connection:
+        workload_id = connection.scalar(insert(WorkloadRow).values(workload_values(workload)).returning(WorkloadRow.id))
+        target_id = connection.scalar(insert(TargetRow).values(target_values(target)).returning(TargetRow.id))
+        for index, median in medians:
+            connection.execute(insert(MeasurementRow).values(
+                workload_id=workload_id, target_id=target_id, **columns,
+                **measurement_values(*measurement(workload, target, index, median))))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_measurements_of_revision_0003_get_template_version_1_and_stay_best(backend, tmp_path, monkeypatch):
     """They were measured with the templates of version 1, so a database upgraded past 0004 holds them as version 1:
@@ -89,15 +102,7 @@ def test_measurements_of_revision_0003_get_template_version_1_and_stay_best(back
     applied for one that has moved on (conv2d's version now, as the GEMMs' before it)."""
     workload, target = conv2d(1, 8, 8, 8, 8, 3, 3, 1, 1), host_target()
     with fresh_engine(backend, tmp_path / "old.db") as engine:
-        migrate(engine, "0003")
-        with engine.begin() as connection:
-            workload_id = connection.scalar(insert(WorkloadRow).values(workload_values(workload))
-                                            .returning(WorkloadRow.id))
-            target_id = connection.scalar(insert(TargetRow).values(target_values(target)).returning(TargetRow.id))
-            for index, median in [(10, 3e-5), (11, 1e-5)]:  # the columns of revision 0003: no template_version
-                connection.execute(insert(MeasurementRow).values(
-                    workload_id=workload_id, target_id=target_id, **measurement_values(
-                        *measurement(workload, target, index, median))))
+        stored_at(engine, "0003", workload, target, [(10, 3e-5), (11, 1e-5)])  # its columns: no template_version
         migrate(engine, "0004")
         with engine.connect() as connection:
             assert connection.scalars(select(MeasurementRow.template_version)).all() == [1, 1]
@@ -106,3 +111,20 @@ def test_measurements_of_revision_0003_get_template_version_1_and_stay_best(back
             monkeypatch.setattr(conv2d_template, "VERSION", 1)
             (best,) = database.best(workload, target)
     assert (best.input.config.index, best.template_version) == (11, 1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_measurements_of_revision_0005_are_ranked_at_their_typical_times(backend, tmp_path):
+    """A config measured three times before 0006 (once fast, twice slow) counts at its middle measurement after it,
+    behind a config measured once; the flag is on exactly one measurement of each config."""
+    workload, target = conv2d(1, 8, 8, 8, 8, 3, 3, 1, 1), host_target()
+    with fresh_engine(backend, tmp_path / "old.db") as engine:
+        stored_at(engine, "0005", workload, target, [(10, 1e-5), (11, 2e-5), (10, 3e-5), (10, 4e-5)],
+                  template_version=template_version(workload, target))
+        migrate(engine, "0006")
+        with engine.connect() as connection:
+            flags = connection.execute(select(MeasurementRow.config_index, MeasurementRow.median_seconds)
+                                       .where(MeasurementRow.typical).order_by(MeasurementRow.id)).all()
+        assert flags == [(11, 2e-5), (10, 3e-5)]
+        with Database(engine.url.render_as_string(hide_password=False)) as database:
+            assert [r.input.config.index for r in database.best(workload, target, limit=2)] == [11, 10]

@@ -309,7 +309,7 @@ def upgrade_0001_then_head(url: str) -> None:
     engine.dispose()
     with Database(url) as database:
         with database.engine.connect() as connection:
-            assert current_revision(connection) == head_revision() == "0005"
+            assert current_revision(connection) == head_revision() == "0006"
         old = database.job(job)
         assert (old.workload, old.trials, old.parent_id, old.model) == (HEAVY, 64, None, None)
         assert database.unfinished_job(HEAVY, TARGET, "xgb", 64).id == job
