@@ -133,6 +133,22 @@ def test_tune_tasks_spends_the_budget_where_it_cuts_the_most(tmp_path, pool):
         assert database.best(task.workload, TARGET)[0].result.median == min(r.median for _, r in tuned.measured if r.ok)
 
 
+def test_each_task_ends_measuring_its_fastest_configs_again(tmp_path, pool):
+    """48 trials over two tasks keep an eighth, 3 a task, for their finalists: each task's job ends with its 3
+    fastest configs measured again, and its stored best is the tuner's, at its typical time."""
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    tasks = [TuningTask(matmul(32, 32, 32)), TuningTask(dense(16, 32, 32))]
+    seen = []
+    result = tune_tasks(tasks, TARGET, 48, database, "random", pool, measure=FAST, on_progress=seen.append)
+    assert result.trials == 48 and seen[-1].trials == 48
+    for task, tuned, indices in zip(tasks, result.tasks, records_per_job(database, result)):
+        search = len(set(indices))
+        assert indices[:search] == list(dict.fromkeys(indices)) and len(indices) == search + 3
+        fastest = sorted(tuned.measured[:search], key=lambda pair: pair[1].median)[:3]
+        assert set(indices[search:]) == {i.config.index for i, _ in fastest}
+        assert database.best(task.workload, TARGET)[0].input.config == tuned.best[0].config
+
+
 def test_a_budget_too_small_for_a_batch_per_task_still_measures_every_task(tmp_path, pool):
     """The warm-up's batches shrink to an even share of what is left (72 trials in batches of 4 left 6 of
     ResNet-50's 24 tasks unmeasured), and no batch takes more than is left of the budget."""

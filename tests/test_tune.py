@@ -53,14 +53,39 @@ def trials_since_best(gflops: list[float]) -> int:
     return since
 
 
+def searched(measured: list) -> list:
+    """A job's search: its measurements but those of configs it had measured already (its finalists' again)."""
+    seen: set[int] = set()
+    return [(i, r) for i, r in measured if not (i.config.index in seen or seen.add(i.config.index))]
+
+
 def test_early_stopping_ends_a_job_at_the_first_batch_past_its_patience(tmp_path, pool):
-    """Patience 6, batches of 4: the job ends after the batch that brings 6 trials without a better config,
-    so it ended with at least 6 and fewer than 6 + 4 such trials."""
+    """Patience 6, batches of 4: the search ends after the batch that brings 6 trials without a better config,
+    so it ended with at least 6 and fewer than 6 + 4 such trials; then its finalists are measured again."""
     database = Database(f"sqlite:///{tmp_path}/t.db")
     result = tune(matmul(16, 16, 16), TARGET, 200, "random", database, pool, batch=4, early_stopping=6, measure=FAST)
-    since = trials_since_best([r.gflops for _, r in result.measured])
-    assert len(result.measured) < 200 and 6 <= since < 10, (len(result.measured), since)
+    search = searched(result.measured)
+    since = trials_since_best([r.gflops for _, r in search])
+    assert len(search) < 200 and 6 <= since < 10, (len(search), since)
+    assert len(result.measured) > len(search)
     assert database.job(result.job_id).status == "done"
+
+
+def test_a_job_ends_measuring_its_fastest_configs_again(tmp_path, pool):
+    """48 trials keep 6 for the finalists: 42 configs searched, then the 3 fastest measured again, then again the 3
+    fastest at their typical times (the upper median of a config's measurements); the stored best is the tuner's,
+    a config at its typical time."""
+    database = Database(f"sqlite:///{tmp_path}/t.db")
+    workload = matmul(32, 32, 32)
+    result = tune(workload, TARGET, 48, "random", database, pool, measure=FAST)
+    search, again = result.measured[:42], result.measured[42:]
+    assert searched(result.measured) == search and len(again) == 6
+    fastest = sorted(search, key=lambda pair: pair[1].median)[:3]
+    assert {i.config.index for i, _ in again[:3]} == {i.config.index for i, _ in fastest}
+    (stored,) = database.best(workload, TARGET)
+    best_input, best_result = result.best
+    assert (stored.input.config, stored.result.median) == (best_input.config, best_result.median)
+    assert database.count(workload, TARGET) == 48
 
 
 @pytest.mark.parametrize("tuner", ["grid", "xgb"])
@@ -171,8 +196,9 @@ def test_a_killed_tune_resumes_without_repeating_a_config(tmp_path):
     finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert f"resuming job {job.id}" in finished.stderr
-    records = database.job_records(job.id)
-    assert len(records) == 30 and len({r.input.config.index for r in records}) == 30
+    records = database.job_records(job.id)  # 27 configs searched, then 3 measurements of its finalists again
+    assert len(records) == 30 and len({r.input.config.index for r in records[:27]}) == 27
+    assert {r.input.config.index for r in records[27:]} <= {r.input.config.index for r in records[:27]}
     assert database.job(job.id).status == "done"
 
 

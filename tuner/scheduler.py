@@ -25,7 +25,7 @@ from workers.pool import Pool
 from workers.task import MeasureOptions
 
 from .allocation import STRATEGIES, TaskHistory, batch_size, model_latency, next_task
-from .tune import JobSearch, TuneOptions, TuneResult, ending_on_error, fitted_from, measuring
+from .tune import JobSearch, TuneOptions, TuneResult, confirmations, ending_on_error, fitted_from, measuring
 
 
 @dataclass(frozen=True)
@@ -148,11 +148,13 @@ def schedule(tasks: Sequence[TuningTask], searches: Sequence[JobSearch], pool: P
              strategy: str, on_progress: Callable[[TasksProgress], None],
              stop: Callable[[], bool]) -> tuple[list[float], bool]:
     """Give batches to the tasks `strategy` picks until the budget is spent, every space is exhausted, or
-    `stop()` (asked before each batch); returns the estimated latency after each batch and whether `stop()`
+    `stop()` (asked before each batch), then measure each task's finalists again with what the budget kept for
+    them (`confirmations`, JobSearch.confirm); returns the estimated latency after each batch and whether `stop()`
     ended it. A step that measured fewer than asked found its task's space exhausted."""
     rng, exhausted, curve = random.Random(options.seed), set(), []
     on_progress(progress(tasks, searches, exhausted, options.trials))
-    while (left := options.trials - sum(len(s.result.measured) for s in searches)) > 0:
+    kept = confirmations(options.trials, len(tasks))  # each task's, for its finalists (JobSearch.confirm)
+    while (left := options.trials - kept * len(tasks) - sum(len(s.result.measured) for s in searches)) > 0:
         known = histories(tasks, searches, exhausted)
         chosen = next_task(known, strategy, options.batch, rng)
         if chosen is None:
@@ -167,6 +169,13 @@ def schedule(tasks: Sequence[TuningTask], searches: Sequence[JobSearch], pool: P
         now = progress(tasks, searches, exhausted, options.trials)
         curve.append(now.latency)
         on_progress(now)
+    if not kept:
+        return curve, False
+    for search in searches:
+        left = options.trials - sum(len(s.result.measured) for s in searches)
+        if search.confirm(pool, len(search.result.measured) + min(kept, left), stop):
+            return curve, True
+    on_progress(progress(tasks, searches, exhausted, options.trials))
     return curve, False
 
 
@@ -211,7 +220,7 @@ def progress(tasks: Sequence[TuningTask], searches: Sequence[JobSearch], exhaust
              budget: int) -> TasksProgress:
     known = histories(tasks, searches, exhausted)
     rows = tuple(TaskProgress(task.workload.key, task.weight, h.trials,
-                              max((r.gflops for _, r in search.result.measured), default=0.0),
+                              search.result.best[1].gflops if search.result.best else 0.0,
                               h.seconds if math.isfinite(h.seconds) else None)
                  for task, search, h in zip(tasks, searches, known))
     return TasksProgress(rows, sum(h.trials for h in known), budget, model_latency(known))

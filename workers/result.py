@@ -4,6 +4,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Callable, Sequence, TypeVar
 
 from search_space import Config, Target, Workload
 
@@ -57,3 +58,13 @@ class MeasureResult:
     def gflops(self) -> float:
         """Throughput from the median sample; 0 for any failure."""
         return self.flops / self.median / 1e9 if self.ok and self.samples else 0.0
+
+
+Measured = TypeVar("Measured")
+
+
+def typical(measurements: Sequence[Measured], seconds: Callable[[Measured], object]) -> Measured:
+    """The upper median of one config's measurements by `seconds`: the time it is taken to run at. On a shared host
+    one measurement can come out fast by luck, and the fastest of a search's many is the luckiest, so the slower of
+    two counts, the middle of three."""
+    return sorted(measurements, key=seconds)[len(measurements) // 2]
