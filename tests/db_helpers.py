@@ -18,7 +18,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from db import Database
+from db.records import Record
 from search_space import Target, Workload, get_space, host_target
+from tuner.tune import confirmations
 from workers import MeasureInput, MeasureResult, Outcome
 
 PG_URL = os.environ.get("TENSORTUNE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -87,3 +89,12 @@ def measurement(workload: Workload, target: Target, index: int, median: float, o
     result = MeasureResult(outcome, (median * 0.99, median, median * 1.2), 0.05, workload.flops, "worker-1",
                            "host-a", now - 1.0, now)
     return MeasureInput(workload, target, get_space(workload, target).get(index)), replace(result, **fields)
+
+
+def assert_searched_once(records: list[Record], trials: int) -> None:
+    """A job's records after it spent its `trials`: its search measured no config twice, whatever stopped and
+    resumed it, then its finalists were measured again (`confirmations`) and nothing else."""
+    configs = [record.input.config.index for record in records]
+    search = trials - confirmations(trials)
+    assert len(configs) == trials and len(set(configs[:search])) == search, configs
+    assert set(configs[search:]) <= set(configs[:search]), configs

@@ -22,7 +22,7 @@ from db import Database
 from db.outage import LockLost, unavailable
 from db.queue import JobQueue
 from search_space import Target, matmul
-from tests.db_helpers import measurement, pg_schema
+from tests.db_helpers import assert_searched_once, measurement, pg_schema
 from tests.pg_server import postgres_server
 from tests.serve_helpers import free_port, start, wait_for, wait_while_progressing
 from tuner.tune import JobFailed, tune
@@ -69,7 +69,7 @@ def status(port: int, path: str) -> httpx.Response:
 def assert_measured_once(database: Database, job_id: int, trials: int) -> None:
     records = database.job_records(job_id)
     assert database.job(job_id).status == "done", database.job(job_id)
-    assert len(records) == trials and len({r.input.config.index for r in records}) == trials
+    assert_searched_once(records, trials)
 
 
 def restart(server, seconds: float) -> float:
