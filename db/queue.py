@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Collection, Sequence
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, func, or_, select, true, update
 from sqlalchemy.orm import aliased
 
 from search_space import Target, Workload
@@ -119,9 +119,10 @@ class JobQueue:
 
     def progress(self, job_ids: list[int]) -> dict[int, tuple[int, float]]:
         """(candidates measured, best GFLOPS) per job that has measurements, a model job's over its tasks' jobs,
-        in one query."""
+        in one query; the best is a config's at its typical time (`db.typical`), 0.0 before an ok one."""
         measured = aliased(JobRow)  # the job itself, or one of its tasks' jobs
-        query = (select(JobRow.id, func.count(), func.max(MeasurementRow.gflops))
+        best = func.max(MeasurementRow.gflops).filter(MeasurementRow.typical == true())
+        query = (select(JobRow.id, func.count(), func.coalesce(best, 0.0))
                  .join(measured, or_(measured.id == JobRow.id, measured.parent_id == JobRow.id))
                  .join(MeasurementRow, MeasurementRow.job_id == measured.id)
                  .where(JobRow.id.in_(job_ids)).group_by(JobRow.id))

@@ -9,7 +9,6 @@ from collections import Counter
 from contextlib import asynccontextmanager
 from pathlib import Path as FilePath
 
-import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -26,6 +25,7 @@ from search_space import (NoTemplate, Target, Workload, WorkloadError, format_pr
                           template_version)
 from search_space.workload import OPS
 from tuner.allocation import TaskHistory, model_latency
+from workers import best_so_far
 
 from .api_models import (MAX_BATCH, MAX_TRIALS, ClientRequestIn, ClientRequestOut, JobDetail, JobIn, JobOut, OpOut,
                          RecordOut, ReferenceOut, RunnerOut, ServedConfigsOut, WorkersOut, WorkloadsOut, parse_target)
@@ -52,13 +52,18 @@ def measured_out(records: list[Record]) -> dict:
             "outcomes": Counter(r.result.outcome.value for r in records)}
 
 
+def best_records(records: list[Record]) -> list[Record | None]:
+    """After each of a job's records, its best config by then at its typical time (`workers.best_so_far`), as the
+    stored best is ranked: a finalist timed fast by luck falls back at the trial that measured it again."""
+    return [None if at is None else records[at] for at in best_so_far([(r.input, r.result) for r in records])]
+
+
 def single_detail(job: Job, records: list[Record]) -> dict:
     """A single job's curve of best GFLOPS, its candidates and its best config so far."""
-    gflops = [r.result.gflops for r in records]
-    best = max(records, key=lambda r: r.result.gflops if r.result.ok else -1.0, default=None)
-    best_ok = best if best is not None and best.result.ok else None
-    return {**job_out(job, (len(records), max(gflops, default=0.0))), **measured_out(records),
-            "curve": np.maximum.accumulate(gflops).tolist() if gflops else [],
+    bests = best_records(records)
+    best_ok = bests[-1] if bests else None
+    return {**job_out(job, (len(records), best_ok.result.gflops if best_ok else 0.0)), **measured_out(records),
+            "curve": [best.result.gflops if best else 0.0 for best in bests],
             "best_config": {"index": best_ok.input.config.index, "knobs": best_ok.input.config.to_dict()}
             if best_ok else None,
             # a stale record's config may no longer lower: its program is today's template's no more
@@ -71,11 +76,14 @@ def model_detail(job: Job, tasks: list[Job], records: dict[int, list[Record]]) -
     order they were measured."""
     known = preset_weights(job.model)
     weights = [known.get(task.workload) for task in tasks]
+    bests = {task.id: best_records(records[task.id]) for task in tasks}
     measured = sorted((record for task in tasks for record in records[task.id]), key=lambda record: record.id)
-    curve = latency_curve(tasks, weights, measured) if None not in weights else []
+    after = {record.id: best for task in tasks for record, best in zip(records[task.id], bests[task.id])}
+    curve = latency_curve(tasks, weights, measured, after) if None not in weights else []
     return {**job_out(job, (len(measured), 0.0)), **measured_out(measured), "curve": [], "best_config": None,
             "best_program": None, "latency_curve": curve, "latency_ms": curve[-1] if curve else None,
-            "tasks": [task_out(task, weight, records[task.id]) for task, weight in zip(tasks, weights)]}
+            "tasks": [task_out(task, weight, records[task.id], bests[task.id])
+                      for task, weight in zip(tasks, weights)]}
 
 
 def preset_weights(model: str | None) -> dict[Workload, int]:
@@ -87,24 +95,24 @@ def preset_weights(model: str | None) -> dict[Workload, int]:
         return {}
 
 
-def task_out(task: Job, weight: int | None, records: list[Record]) -> dict:
-    ok = [record.result for record in records if record.result.ok]
+def task_out(task: Job, weight: int | None, records: list[Record], bests: list[Record | None]) -> dict:
+    best = bests[-1] if bests else None
     return {"job_id": task.id, "workload": task.workload.key, "weight": weight, "trials_done": len(records),
-            "best_gflops": max((result.gflops for result in ok), default=None),
-            "best_seconds": min((result.median for result in ok), default=None)}
+            "best_gflops": best.result.gflops if best else None, "best_seconds": best.result.median if best else None}
 
 
-def latency_curve(tasks: list[Job], weights: list[int], measured: list[Record]) -> list[float | None]:
+def latency_curve(tasks: list[Job], weights: list[int], measured: list[Record],
+                  after: dict[int, Record | None]) -> list[float | None]:
     """The model's estimated latency in ms after each of `measured` (its tasks' records, in measurement
-    order): allocation.model_latency over each task's best seconds by then (the latest best of a task's
-    history is all the estimate reads); None until each task has an ok record."""
+    order): allocation.model_latency over each task's best seconds by then (`after` a record: its task's best
+    record by then, `best_records`; the latest best of a task's history is all the estimate reads); None until
+    each task has an ok record."""
     position = {task.id: i for i, task in enumerate(tasks)}
     best = [math.inf] * len(tasks)
     curve: list[float | None] = []
     for record in measured:
-        i = position[record.job_id]
-        if record.result.ok:
-            best[i] = min(best[i], record.result.median)
+        if after[record.id]:
+            best[position[record.job_id]] = after[record.id].result.median
         latency = model_latency([TaskHistory(task.workload.op, task.workload.flops, weight, (seconds,))
                                  for task, weight, seconds in zip(tasks, weights, best)])
         curve.append(latency * 1e3 if math.isfinite(latency) else None)

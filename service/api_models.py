@@ -89,7 +89,8 @@ class JobOut(BaseModel):
     finished_at: Optional[datetime]
     error: str
     trials_done: int = Field(description="candidates measured so far; a model job's over all its tasks")
-    best_gflops: Optional[float] = Field(description="best GFLOPS measured so far; null before any ok candidate, "
+    best_gflops: Optional[float] = Field(description="GFLOPS of the best config so far, at its typical time (the "
+                                                     "upper median of its measurements); null before any ok candidate, "
                                                      "and for a model job (its tasks' are in its detail)")
     model: Optional[str] = Field(None, description="a model job's name; its workload is its first task's")
     parent_id: Optional[int] = Field(None, description="the model job of a task's job (listed in that job's tasks)")
@@ -113,7 +114,8 @@ class TaskOut(BaseModel):
 
 
 class JobDetail(JobOut):
-    curve: list[float] = Field(description="best GFLOPS after each trial (empty for a model job)")
+    curve: list[float] = Field(description="best GFLOPS after each trial, each config at its typical time by then "
+                                           "(empty for a model job)")
     candidates: list[CandidateOut] = Field(description="every measured candidate, in trial order")
     outcomes: dict[str, int] = Field(description="candidates per measurement outcome")
     best_config: Optional[dict] = Field(description="{index, knobs} of the best config so far")

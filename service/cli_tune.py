@@ -178,6 +178,7 @@ def plot(job: int = typer.Argument(..., help="job id"),
          out: Optional[str] = typer.Option(None, "--out", help="PNG file to write (default: job-ID.png here)")):
     """Draw a job's tuning curve: every candidate's GFLOPS, failures marked, and the best so far."""
     from tuner.plot import plot_job
+    from workers import best_curve
 
     database = open_database(db)
     try:
@@ -189,8 +190,9 @@ def plot(job: int = typer.Argument(..., help="job id"),
         fail(f"job {job} has no measurements yet")
     out = out or f"job-{job}.png"
     with writing_file(out):
-        path = plot_job([r.result.gflops for r in records], [not r.result.ok for r in records],
-                        f"job {job}: {info.workload.key} ({info.tuner})", out)
+        measured = [(r.input, r.result) for r in records]
+        path = plot_job([r.gflops for _, r in measured], [not r.ok for _, r in measured],
+                        best_curve(measured), f"job {job}: {info.workload.key} ({info.tuner})", out)
     print(Path(path).resolve())
 
 

@@ -154,6 +154,22 @@ def test_unknown_ids_and_missing_best_are_404(tmp_path):
     assert [op["op"] for op in client.get("/api/workloads").json()["ops"]] == ["matmul", "dense", "batch_matmul", "conv2d"]
 
 
+def test_a_job_shows_its_best_config_at_its_typical_time_as_the_stored_best_does(database):
+    """Config 5 came out fastest once, by luck, and slower both times it was measured again: the job's detail, its
+    row in the list and /api/best all take config 7, and its curve falls back at the trial that showed it."""
+    workload, target = matmul(16, 16, 16), Target.parse("llvm -threads=1")
+    job = database.create_job(workload, target, "random", 4, "done")
+    for index, median in ((5, 1e-6), (7, 2e-6), (5, 3e-6), (5, 2.5e-6)):
+        database.record(*measurement(workload, target, index, median), job_id=job)
+    with TestClient(create_app(database)) as client:
+        detail = client.get(f"/api/jobs/{job}").json()
+        (listed,) = client.get("/api/jobs").json()
+        best = client.get("/api/best", params={"workload": workload.key, "target": str(target)}).json()
+    gflops = [workload.flops / median / 1e9 for median in (1e-6, 1e-6, 2e-6, 2e-6)]
+    assert detail["curve"] == pytest.approx(gflops) and detail["best_config"]["index"] == 7
+    assert detail["best_gflops"] == listed["best_gflops"] == best["gflops"] == pytest.approx(gflops[-1])
+
+
 def test_a_job_whose_best_record_is_of_another_template_version_shows_its_config_but_no_program(tmp_path):
     """After a template's version changes, an old job's best config may no longer lower: the job detail still
     answers, with the config as measured and no program."""

@@ -13,7 +13,7 @@ from db.queue import JobQueue
 from search_space import Target, dense, get_space, matmul
 from search_space.templates import gemm
 from tuner.tune import tune
-from workers import Outcome
+from workers import Outcome, best_curve, best_so_far
 from workers.pool import make_pool
 from workers.task import MeasureOptions
 
@@ -86,6 +86,17 @@ def test_a_job_ends_measuring_its_fastest_configs_again(tmp_path, pool):
     best_input, best_result = result.best
     assert (stored.input.config, stored.result.median) == (best_input.config, best_result.median)
     assert database.count(workload, TARGET) == 48
+
+
+def test_the_best_so_far_falls_back_when_a_config_timed_fast_by_luck_is_measured_again():
+    """A failure, config 3 at 1 µs, config 4 at 2 µs, config 3 again at 3 µs: config 3's typical time is then the
+    slower of its two, and config 4 is the best from that trial on."""
+    workload = matmul(16, 16, 16)
+    measured = [measurement(workload, TARGET, 2, 1e-7, Outcome.RUNTIME_ERROR), measurement(workload, TARGET, 3, 1e-6),
+                measurement(workload, TARGET, 4, 2e-6), measurement(workload, TARGET, 3, 3e-6)]
+    assert best_so_far(measured) == [None, 1, 1, 2]
+    assert best_curve(measured) == [0.0, measured[1][1].gflops, measured[1][1].gflops, measured[2][1].gflops] \
+        and measured[2][1].gflops > 0
 
 
 @pytest.mark.parametrize("tuner", ["grid", "xgb"])

@@ -44,9 +44,9 @@ def plot_tuners(curves: dict[str, list[list[float]]], title: str, path: Path, be
     return _save(draw, title, "trials", "best GFLOPS so far", path)
 
 
-def plot_job(gflops: Sequence[float], failed: Sequence[bool], title: str, path: Path,
+def plot_job(gflops: Sequence[float], failed: Sequence[bool], best: Sequence[float], title: str, path: Path,
              reference: float | None = None) -> Path:
-    """Every measured candidate of a job (failures marked at 0) with the best-so-far line."""
+    """Every measured candidate of a job (failures marked at 0) with the best-so-far line (`TuneResult.curve`)."""
     values, failed = np.asarray(gflops, dtype=float), np.asarray(failed, dtype=bool)
     trials = np.arange(1, len(values) + 1)
 
@@ -54,7 +54,7 @@ def plot_job(gflops: Sequence[float], failed: Sequence[bool], title: str, path: 
         axes.scatter(trials[~failed], values[~failed], s=10, label="measured")
         if failed.any():
             axes.scatter(trials[failed], np.zeros(failed.sum()), s=14, marker="x", color="red", label="failed")
-        axes.plot(trials, np.maximum.accumulate(values), color="black", label="best so far")
+        axes.plot(trials, best, color="black", label="best so far")
         if reference:
             axes.axhline(reference, color="grey", linestyle="--", label="NumPy")
 

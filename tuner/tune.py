@@ -20,7 +20,7 @@ from db.queries import applies, stored_targets
 from db.queue import JobQueue
 from search_space import Config, ConfigSpace, Target, Workload, get_space, seed_configs
 from search_space.templates import relaid_knobs, template
-from workers import MeasureInput, MeasureResult, typical
+from workers import MeasureInput, MeasureResult, best_curve, typical
 from workers.pool import NoWorkerHost, Pool, make_pool
 from workers.task import MeasureOptions, Task
 from workers.untuned import untuned_config
@@ -98,8 +98,8 @@ class TuneResult:
 
     @property
     def curve(self) -> list[float]:
-        """Best GFLOPS after each trial."""
-        return [float(x) for x in np.maximum.accumulate([r.gflops for _, r in self.measured])] if self.measured else []
+        """Best GFLOPS after each trial, each config at its typical time by then (`workers.best_so_far`)."""
+        return best_curve(self.measured)
 
 
 def history(database: Database, workload: Workload, target: Target, limit: int = 512, others: bool = True

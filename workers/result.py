@@ -68,3 +68,30 @@ def typical(measurements: Sequence[Measured], seconds: Callable[[Measured], obje
     one measurement can come out fast by luck, and the fastest of a search's many is the luckiest, so the slower of
     two counts, the middle of three."""
     return sorted(measurements, key=seconds)[len(measurements) // 2]
+
+
+def best_so_far(measured: Sequence[tuple[MeasureInput, MeasureResult]]) -> list[int | None]:
+    """After each of a job's measurements, in order, where in `measured` its best config by then is, at its typical
+    time (as the stored best is ranked: a finalist timed fast by luck falls back when measured again); None before
+    an ok one."""
+    runs: dict[int, list[int]] = {}
+    typical_runs: dict[int, int] = {}
+    bests: list[int | None] = []
+    best = None
+    gflops = lambda at: measured[at][1].gflops  # noqa: E731
+    for at, (measure_input, result) in enumerate(measured):
+        if result.ok:
+            index = measure_input.config.index
+            runs.setdefault(index, []).append(at)
+            typical_runs[index] = typical(runs[index], lambda run: (measured[run][1].median, run))
+            if best is None or measured[best][0].config.index == index:  # the best may have fallen back: see all
+                best = max(typical_runs.values(), key=gflops)
+            elif gflops(typical_runs[index]) > gflops(best):
+                best = typical_runs[index]
+        bests.append(best)
+    return bests
+
+
+def best_curve(measured: Sequence[tuple[MeasureInput, MeasureResult]]) -> list[float]:
+    """A job's best GFLOPS after each of its measurements (`best_so_far`), 0 before an ok one."""
+    return [0.0 if at is None else measured[at][1].gflops for at in best_so_far(measured)]
