@@ -1,5 +1,5 @@
 """`tensortune bench workers`: candidates measured per second by the local and the Ray pool, where each
-candidate's time goes (build, correctness check, timing, waiting for other pools on the host,
+candidate's time goes (build, correctness check, timing, its threads settling, waiting for other pools on the host,
 dispatch and bookkeeping), what Ray costs over the local pool, and the spread of repeated
 measurements of one config beside the same measurement made in this process.
 
@@ -26,7 +26,7 @@ from workers.peak import peak_call
 
 OPTIONS = MeasureOptions(repeat=3, min_repeat_ms=10, cache="warm")
 CASES = [(matmul(128, 128, 128), 8), (matmul(512, 512, 512), 4)]  # (workload, candidates)
-PHASES = ("build", "check", "time", "wait", "dispatch")
+PHASES = ("build", "check", "time", "settle", "wait", "dispatch")
 
 
 def candidates(workload, count: int) -> list[Task]:

@@ -29,6 +29,7 @@ from search_space.target import lacked_features
 from .host_lock import HostLock, default_path
 from .pool import NoWorkerHost, PoolOptions, lacking
 from .result import MeasureResult, Outcome
+from .settle import settle
 from .task import Built, Checked, MeasureOptions, Task, build_step, check_step, failed, time_step
 from .timing import host_flush_buffer
 
@@ -45,7 +46,8 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
     """A worker process: build on ("build", task), bind the weights and check the result on ("check", options), time
     on ("run", options), stop on None; each step replies None where it leaves its candidate to the next, else the
     candidate's record. Each step first sends STARTED, once it holds the host lock (shared to build and check,
-    exclusive to time) and, the first time, has set up what runs share."""
+    exclusive to time) and, the first time, has set up what runs share; a step that ran the kernel lets the lock go
+    only once its threads sleep (`settle`)."""
     # Ctrl-C, which a terminal sends to its whole foreground group, is the parent's to answer (it closes the
     # pool): ignored here, then unblocked (Worker starts this process with SIGINT blocked).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -72,13 +74,15 @@ def serve(conn: Connection, host_lock: tuple[str, float] | None, memory_limit: i
             return
         kind, payload = message
         with lock.held(exclusive=kind == "run") if lock else nullcontext((0.0, True)) as (waited, locked):
-            setup = {}
+            extra = {}  # phases besides the step's own
             flushing = kind == "run" and payload.cache == "flush" and held.built.kernel.target.kind == "llvm"
             if flushing and not flush_buffer_ready:
-                setup, flush_buffer_ready = fault_in_flush_buffer(), True
+                extra, flush_buffer_ready = fault_in_flush_buffer(), True
             conn.send(STARTED)  # the step's timeout runs from here, not from the wait for other pools
             reply = build_step(payload) if kind == "build" else STEPS[kind](held, payload)
-        reply = with_wait(reply, waited, locked or kind != "run", setup)
+            if kind != "build":  # it ran the kernel, whose threads still spin on cores another worker would time on
+                extra["settle"] = settle()
+        reply = with_wait(reply, waited, locked or kind != "run", extra)
         held = None if isinstance(reply, MeasureResult) else reply
         conn.send(reply if held is None else None)
 
@@ -95,9 +99,11 @@ def fault_in_flush_buffer() -> dict:
 
 
 def with_wait(reply: Built | Checked | MeasureResult, waited: float, locked: bool,
-              setup: dict) -> Built | Checked | MeasureResult:
-    """The reply with the time spent waiting for the host lock as its "wait" phase, and the set-up's phase."""
-    phases = reply.phases | {"wait": reply.phases.get("wait", 0.0) + waited} | setup
+              extra: dict) -> Built | Checked | MeasureResult:
+    """The reply with the time spent waiting for the host lock added to its "wait" phase, and `extra`'s phases (the
+    set-up's, the settling's) to theirs: a candidate's phases sum those of its steps."""
+    phases = reply.phases | {phase: reply.phases.get(phase, 0.0) + seconds
+                             for phase, seconds in ({"wait": waited} | extra).items()}
     if isinstance(reply, (Built, Checked)):
         reply.phases = phases
         return reply
