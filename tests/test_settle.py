@@ -15,21 +15,6 @@ WORKLOAD = dense(64, 256, 256)
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores for a kernel's 2 threads")
 
 
-def spinning(pid: int) -> list[int]:
-    """The threads of process `pid` besides its main one (which may still be on its way back to wait for the next
-    step) that are running or runnable."""
-    tids = []
-    for tid in set(os.listdir(f"/proc/{pid}/task")) - {str(pid)}:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as stat_file:
-                stat = stat_file.read()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2] == "R":
-            tids.append(int(tid))
-    return tids
-
-
 def test_a_kernels_threads_spin_after_its_call_until_settle_has_waited_for_them():
     kernel = build(WORKLOAD, TARGET, fallback_config(WORKLOAD, TARGET))
     a, b = np.ones((64, 256), np.float32), np.ones((256, 256), np.float32)
@@ -51,7 +36,8 @@ def test_a_pools_workers_hand_back_their_results_with_their_threads_asleep():
     try:
         for _ in range(3):
             results = pool.measure(tasks, MeasureOptions(repeat=3))
-            assert {pid: spinning(pid) for pid in pool.pids} == {pid: [] for pid in pool.pids}
+            # its main thread may still be on its way back to wait for the next step
+            assert {pid: running_threads(pid, besides=pid) for pid in pool.pids} == dict.fromkeys(pool.pids, 0)
             assert all(r.ok and 0 < r.phases["settle"] < 2 * SETTLE_LIMIT for r in results), results
     finally:
         pool.close()

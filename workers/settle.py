@@ -17,20 +17,20 @@ SETTLE_LIMIT = 0.1  # seconds: a thread that runs on for longer is not a paralle
 POLL_SECONDS = 0.0005
 
 
-def running_threads() -> int:
-    """How many threads of this process, besides the calling one, are running or runnable (Linux's /proc; 0 where
-    there is none)."""
-    me = threading.get_native_id()
+def running_threads(process: int | str = "self", besides: int | None = None) -> int:
+    """How many threads of `process` (this one by default), besides thread `besides` (the calling one by default),
+    are running or runnable (Linux's /proc; 0 where there is none)."""
+    besides = threading.get_native_id() if besides is None else besides
     try:
-        tids = [int(tid) for tid in os.listdir("/proc/self/task")]
+        tids = [int(tid) for tid in os.listdir(f"/proc/{process}/task")]
     except OSError:
         return 0
     running = 0
     for tid in tids:
-        if tid == me:
+        if tid == besides:
             continue
         try:
-            with open(f"/proc/self/task/{tid}/stat", "rb") as stat_file:
+            with open(f"/proc/{process}/task/{tid}/stat", "rb") as stat_file:
                 stat = stat_file.read()
         except OSError:  # the thread has ended
             continue
