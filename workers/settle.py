@@ -34,7 +34,7 @@ def running_threads(process: int | str = "self", besides: int | None = None) -> 
                 stat = stat_file.read()
         except OSError:  # the thread has ended
             continue
-        running += stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] == b"R"
+        running += stat[stat.rindex(b")") + 2] == ord("R")  # the state follows the name, which may hold ")"
     return running
 
 
