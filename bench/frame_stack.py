@@ -41,13 +41,14 @@ def at_depth(depth: int, fn: Callable, *args):
 
 
 def probe(fn: Callable, repeat: int) -> tuple[float, float]:
-    """Seconds and page faults a call of `fn`, over `repeat` calls."""
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    """Seconds and page faults a call of `fn`, over `repeat` calls: the faults of this thread alone, where the thrash
+    is, not those of the process's other threads (a test suite's service, Ray's and the pool's)."""
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
     start = time.perf_counter()
     for _ in range(repeat):
         fn()
     seconds = time.perf_counter() - start
-    return seconds / repeat, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / repeat
+    return seconds / repeat, (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults) / repeat
 
 
 def probes(depths, fn: Callable, repeat: int) -> list[tuple[float, float]]:
