@@ -40,15 +40,20 @@ def at_depth(depth: int, fn: Callable, *args):
     return fn(*args) if depth == 0 else at_depth(depth - 1, fn, *args)
 
 
+def thread_faults() -> int:
+    """The page faults of this thread so far: where the thrash is, without those of the process's other threads (a
+    test suite's service, Ray's and the pool's: CI's run of the whole suite counted 9.4 a runner call)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
 def probe(fn: Callable, repeat: int) -> tuple[float, float]:
-    """Seconds and page faults a call of `fn`, over `repeat` calls: the faults of this thread alone, where the thrash
-    is, not those of the process's other threads (a test suite's service, Ray's and the pool's)."""
-    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    """Seconds and page faults a call of `fn`, over `repeat` calls."""
+    faults = thread_faults()
     start = time.perf_counter()
     for _ in range(repeat):
         fn()
     seconds = time.perf_counter() - start
-    return seconds / repeat, (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults) / repeat
+    return seconds / repeat, (thread_faults() - faults) / repeat
 
 
 def probes(depths, fn: Callable, repeat: int) -> list[tuple[float, float]]:

@@ -165,7 +165,7 @@ def test_bench_frame_stack_finds_the_thrash_plainly_and_not_through_the_runner()
         pytest.skip("this Python keeps a spare chunk (3.13+): nothing thrashes")
     stop = threading.Event()
 
-    def faulting():  # another thread mapping fresh pages all along, as CI's run of the whole suite had (9.4 a call)
+    def faulting():  # another thread mapping fresh pages all along, as in CI's run of the whole suite
         while not stop.is_set():
             with mmap.mmap(-1, 64 * mmap.PAGESIZE) as pages:
                 pages[::mmap.PAGESIZE] = bytes(64)  # a byte a page: 64 faults

@@ -1,13 +1,12 @@
 """A graph called through on_runner_stack makes its calls without crossing a frame-stack chunk at any depth of its
 caller, where CPython up to 3.12 maps a chunk (page faults) at every crossing."""
 import contextvars
-import resource
 import threading
 import weakref
 
 import pytest
 
-from bench.frame_stack import DEPTHS, at_depth, callee
+from bench.frame_stack import DEPTHS, at_depth, callee, thread_faults
 from frontend.frame_stack import THRASHES, call_on_runner_stack, on_runner_stack
 
 CALLS = 200
@@ -15,10 +14,10 @@ CALLS = 200
 
 def graph():
     """What a compiled graph does: many calls from one frame; the page faults they cost."""
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    before = thread_faults()
     for _ in range(CALLS):
         callee()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    return thread_faults() - before
 
 
 def worst_depth(fn) -> int:
@@ -43,10 +42,10 @@ def test_on_runner_stack_passes_arguments_result_and_attributes():
 
 def faults(call) -> int:
     """The page faults of CALLS calls."""
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    before = thread_faults()
     for _ in range(CALLS):
         call()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    return thread_faults() - before
 
 
 @pytest.mark.skipif(not THRASHES, reason="this Python keeps a spare chunk (3.13+): nothing to work around")
