@@ -16,23 +16,14 @@ def pytest_configure(config):
     the tests that press Ctrl-C on `tune` and `serve` would wait for an interruption that never comes."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    # kernels' machine code is cached in a directory of the run's own, which its test workers share and the
-    # commands they start inherit, empty at the start as on a fresh machine and removed at the end: not in the
-    # user's, where the suite's thousands of kernels would push out those of the user's models
-    worker = getattr(config, "workerinput", None)
-    config.object_cache = os.environ[ENV] = worker["object_cache"] if worker else tempfile.mkdtemp(
-        prefix="tensortune-objects-")
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):
-    """pytest-xdist's: each worker is handed the run's cache directory."""
-    node.workerinput["object_cache"] = node.config.object_cache
+    # kernels' machine code is cached in a directory of this process's own, which the commands it starts inherit,
+    # empty at the start as on a fresh machine and removed at the end: not in the user's, where the suite's
+    # thousands of kernels would push out those of the user's models
+    config.object_cache = os.environ[ENV] = tempfile.mkdtemp(prefix="tensortune-objects-")
 
 
 def pytest_unconfigure(config):
-    if not hasattr(config, "workerinput"):
-        shutil.rmtree(getattr(config, "object_cache", ""), ignore_errors=True)
+    shutil.rmtree(getattr(config, "object_cache", ""), ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
